@@ -1,0 +1,518 @@
+#pragma once
+/// \file clone.hpp
+/// The clone engine: requests a fork, receives each piece straight into the clone's own
+/// tensors, verifies it against its group header, forwards owned pieces to the other clone
+/// ranks (scatter_exchange), and exposes per-layer readiness as soon as a layer is
+/// complete. Use it through `engine<...>::clone` (engine.hpp).
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "detail/outbox.hpp"
+#include "detail/wire.hpp"
+#include "error.hpp"
+#include "plan.hpp"
+#include "report.hpp"
+#include "roles.hpp"
+#include "state.hpp"
+
+namespace deepclone::detail {
+
+template <class Engine, tensor T>
+class clone_engine {
+  using Comm = typename Engine::comm_type;
+  using Checksum = typename Engine::checksum_type;
+  using Reconstruct = typename Engine::reconstruct_type;
+  using settings_t = typename Engine::settings;
+  using request_t = typename Comm::request_type;
+
+ public:
+  /// Registers this rank as a clone rank that will receive into `state`, whose layout
+  /// must equal the sources'. Throws `errc::invalid_argument` if this rank is not a clone
+  /// rank in `r`, or for invalid roles.
+  clone_engine(Comm& comm, deepclone::roles r, deepclone::state<T>& st, settings_t s = {})
+      : comm_(comm), roles_(std::move(r)), state_(st), st_(std::move(s)) {
+    roles_.validate(comm_.size());
+    auto idx = roles_.clone_index(comm_.rank());
+    if (!idx)
+      throw error(errc::invalid_argument, "rank " + std::to_string(comm_.rank()) + " is not a clone rank in the given roles");
+    index_ = *idx;
+  }
+  clone_engine(const clone_engine&) = delete;
+  clone_engine& operator=(const clone_engine&) = delete;
+  ~clone_engine() { abandon(); }
+
+  /// Asks the sources for a fork. Returns at once; the sources agree on the fork iteration
+  /// while they train. Throws `errc::busy` while a request is in flight.
+  void request() {
+    if (phase_ == phase::requested || phase_ == phase::refused || phase_ == phase::receiving)
+      throw error(errc::busy, "clone rank " + std::to_string(index_) + ": request() while a clone is already in flight");
+    abandon();
+    layout_ = state_.describe();
+    session_ = 0;
+    for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
+      if (state_.space(t) != memory_space::host)
+        throw error(errc::unsupported, "clone tensor '" + layout_.tensor(t).name + "' lives in device memory: the core engine receives into host memory");
+    plan_ = Engine::make_plan(layout_, roles_, st_);
+    check_tag_space(comm_, st_.tag_base, layout_.layer_count());
+    request_msg m{index_, ++attempt_, layout_.fingerprint(), plan_.key()};
+    ctl_.send_owned(comm_, roles_.sources[0], st_.tag_base + tag_request, m.encode());
+    decision_.post(comm_, roles_.sources[0], st_.tag_base + tag_decision, control_bytes);
+    t_request_ = clock::now();
+    standby_s_ = 0;
+    ready_at_.assign(layout_.layer_count(), std::nullopt);
+    phase_ = phase::requested;
+  }
+
+  /// Makes progress without blocking; true once the whole state is verified and in place.
+  /// Throws the clone's error if the clone failed.
+  bool poll() {
+    if (phase_ == phase::idle) throw error(errc::not_ready, "clone rank " + std::to_string(index_) + ": no request() was made");
+    if (phase_ == phase::failed) throw error(failure_->code, failure_->what);
+    progress();
+    return phase_ == phase::complete;
+  }
+  bool ready() { return poll(); }
+  /// True once layer `l` is verified and in place (the forward pass may use it).
+  bool layer_ready(std::size_t l) {
+    poll();
+    check_layer(l);
+    return ready_at_[l].has_value();
+  }
+  /// Blocks until layer `l` is ready. Throws on failure or after `settings.timeout`
+  /// without progress.
+  void wait_layer(std::size_t l) {
+    poll();
+    check_layer(l);
+    block([&] { return ready_at_[l].has_value(); });
+  }
+  /// Blocks until the whole state (tensors and metadata) is verified and in place.
+  void wait() {
+    poll();
+    block([&] { return phase_ == phase::complete; });
+  }
+  /// Gives up the clone in flight: receives are withdrawn (no byte is written afterwards)
+  /// and the sources are told to stop. A new request() may follow.
+  void cancel() {
+    if (phase_ == phase::requested || phase_ == phase::receiving || phase_ == phase::refused) {
+      failure_ = failure{errc::cancelled, "clone rank " + std::to_string(index_) + " cancelled the clone"};
+      tell_sources_cancel();
+      abandon();
+      phase_ = phase::failed;
+    }
+  }
+
+  /// The sources' metadata of the fork iteration (step == k). Throws `errc::not_ready`
+  /// before the clone is complete.
+  const deepclone::metadata& metadata() const {
+    if (phase_ != phase::complete) throw error(errc::not_ready, "metadata() before the clone is complete");
+    return state_.metadata();
+  }
+  std::optional<std::uint64_t> fork_iteration() const {
+    return phase_ == phase::receiving || phase_ == phase::complete ? std::optional(k_) : std::nullopt;
+  }
+
+  /// The clone's report. Waits (bounded) for every source's figures and every other clone
+  /// rank's summary. Throws `errc::not_ready` before the clone is complete.
+  deepclone::report report() {
+    if (phase_ != phase::complete) {
+      poll();
+      if (phase_ != phase::complete) throw error(errc::not_ready, "report() before the clone is complete");
+    }
+    block([&] {
+      return std::all_of(statuses_.begin(), statuses_.end(), [](auto& s) { return s.has_value(); }) &&
+             std::all_of(summaries_.begin(), summaries_.end(), [](auto& s) { return s.has_value(); });
+    }, false);
+    deepclone::report r;
+    r.session = session_;
+    r.iteration = k_;
+    r.state_bytes = layout_.total_bytes();
+    r.metadata_bytes = meta_.size();
+    r.policies = Engine::describe(st_);
+    r.agreement_s = agreement_s_;
+    r.readiness_s = readiness_s_;
+    r.standby_s = standby_s_;
+    r.layer_ready_s.resize(ready_at_.size());
+    for (std::size_t l = 0; l < ready_at_.size(); ++l) r.layer_ready_s[l] = *ready_at_[l];
+    r.first_layer_s = ready_at_.empty() ? readiness_s_ : r.layer_ready_s[0];
+    for (std::uint32_t i = 0; i < roles_.source_count(); ++i) {
+      auto& s = *statuses_[i];
+      r.sources.push_back({roles_.sources[i], s.bytes_sent, s.hook_s, s.overhead_s, s.normal_iteration_s, s.fork_iterations});
+    }
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
+      summary_msg s = j == index_ ? my_summary() : *summaries_[j];
+      r.clones.push_back({roles_.clones[j], s.bytes_from_sources, s.bytes_from_clones, s.readiness_s, s.standby_s, s.first_layer_s});
+    }
+    return r;
+  }
+
+  const deepclone::plan& plan() const noexcept { return plan_; }
+  std::uint32_t index() const noexcept { return index_; }
+
+ private:
+  enum class phase { idle, requested, refused, receiving, complete, failed };
+
+  struct inbound {
+    std::uint32_t group;
+    std::vector<std::byte> header;
+    request_t header_req;
+    bool header_done = false;
+    std::vector<request_t> data;
+    std::size_t data_done = 0;
+    std::vector<bool> done;
+    bool verified = false;
+  };
+
+  void check_layer(std::size_t l) const {
+    if (l >= ready_at_.size())
+      throw error(errc::invalid_argument, "layer " + std::to_string(l) + " of a state with " + std::to_string(ready_at_.size()) + " layers");
+  }
+
+  /// Blocks until `pred` holds, making progress; fails after `timeout` without progress.
+  template <class Pred>
+  void block(Pred pred, bool count_standby = true) {
+    auto t0 = clock::now();
+    idler<Comm> idle(comm_);
+    auto deadline = t0 + st_.timeout;
+    try {
+      for (;;) {
+        idle.mark();
+        if (progress()) deadline = clock::now() + st_.timeout;
+        if (pred()) break;
+        if (clock::now() >= deadline) fail(errc::timeout, "clone rank " + std::to_string(index_) + ": nothing arrived for " +
+                                                              std::to_string(std::chrono::duration<double>(st_.timeout).count()) +
+                                                              " s; still missing: " + missing());
+        idle.idle(deadline);
+      }
+    } catch (...) {
+      if (count_standby) standby_s_ += seconds_since(t0);
+      throw;
+    }
+    if (count_standby) standby_s_ += seconds_since(t0);
+  }
+
+  /// One round of progress; true if anything happened.
+  bool progress() {
+    bool any = false;
+    if (phase_ == phase::requested) {
+      if (auto b = decision_.test(comm_)) {
+        any = true;
+        auto d = decode_or_fail<decision_msg>(*b);
+        if (d.status == verdict::accepted) begin(d);
+        else {
+          refusal_ = d;
+          source_layout_.post(comm_, roles_.sources[0], st_.tag_base + tag_layout, static_cast<std::size_t>(d.layout_bytes));
+          phase_ = phase::refused;
+        }
+      }
+    }
+    if (phase_ == phase::refused) {
+      if (auto b = source_layout_.test(comm_)) refused(*b);
+      return any;
+    }
+    if (phase_ != phase::receiving && phase_ != phase::complete) return any;
+    any |= poll_statuses();
+    if (phase_ == phase::complete) return any;
+    // Metadata: header, then the blob it announces.
+    if (auto b = meta_header_.test(comm_)) {
+      any = true;
+      auto h = decode_or_fail<meta_header>(*b);
+      if (h.session != session_ || h.iteration != k_)
+        fail(errc::corrupt_message, "metadata header of session " + std::to_string(h.session) + " iteration " +
+                                        std::to_string(h.iteration) + ", expected " + std::to_string(session_) + "/" + std::to_string(k_));
+      meta_expect_ = h;
+      meta_.assign(static_cast<std::size_t>(h.bytes), std::byte{0});
+      meta_req_ = comm_.irecv(roles_.sources[0], st_.tag_base + tag_meta, meta_);
+      meta_posted_ = true;
+    }
+    if (meta_posted_ && !meta_done_ && comm_.test(meta_req_)) {
+      any = true;
+      meta_done_ = true;
+      if (Checksum::compute(meta_) != meta_expect_->checksum)
+        fail(errc::corrupt_message, "metadata of iteration " + std::to_string(k_) + " failed its checksum");
+      state_.metadata() = decode_or_fail<deepclone::metadata>(meta_);
+    }
+    for (auto& in : inbound_) any |= progress_group(in);
+    any |= fwd_.poll(comm_);
+    for (std::size_t l = 0; l < ready_at_.size(); ++l) {
+      if (ready_at_[l]) continue;
+      if (Reconstruct::exchanges && !fwd_posted_[l] && owned_pending_[l] == 0) post_forwards(l);
+      if (pending_[l] == 0 && (!Reconstruct::exchanges || std::all_of(fwd_of_[l].begin(), fwd_of_[l].end(),
+                                                                        [&](std::size_t r) { return fwd_.done(comm_, r); }))) {
+        ready_at_[l] = seconds_since(t_request_);
+        any = true;
+      }
+    }
+    if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); })) {
+      readiness_s_ = seconds_since(t_request_);
+      phase_ = phase::complete;
+      auto s = my_summary().encode();
+      for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
+        if (j != index_) ctl_.send_owned(comm_, roles_.clones[j], st_.tag_base + tag_summary, s);
+      poll_statuses();
+    }
+    return any;
+  }
+
+  bool progress_group(inbound& in) {
+    if (in.verified) return false;
+    bool any = false;
+    if (!in.header_done && comm_.test(in.header_req)) in.header_done = any = true;
+    for (std::size_t i = 0; i < in.data.size(); ++i)
+      if (!in.done[i] && comm_.test(in.data[i])) {
+        in.done[i] = true;
+        ++in.data_done;
+        any = true;
+      }
+    if (in.header_done && in.data_done == in.data.size()) verify(in);
+    return any;
+  }
+
+  void verify(inbound& in) {
+    auto& g = plan_.groups()[in.group];
+    auto h = decode_or_fail<group_header>(in.header);
+    std::string from = g.exchange ? "clone rank " + std::to_string(roles_.clones[g.from])
+                                  : "source " + std::to_string(g.from) + " (rank " + std::to_string(roles_.sources[g.from]) + ")";
+    std::string where = "layer " + std::to_string(g.layer) + " ('" + layout_.layers()[g.layer].name + "') from " + from;
+    if (h.session != session_ || h.iteration != k_ || h.layer != g.layer || h.from != g.from || h.pieces.size() != g.pieces.size())
+      fail(errc::corrupt_message, where + ": header names session " + std::to_string(h.session) + ", iteration " +
+                                      std::to_string(h.iteration) + ", layer " + std::to_string(h.layer) + ", " +
+                                      std::to_string(h.pieces.size()) + " pieces; expected session " + std::to_string(session_) +
+                                      ", iteration " + std::to_string(k_) + ", " + std::to_string(g.pieces.size()) + " pieces");
+    for (std::size_t i = 0; i < g.pieces.size(); ++i) {
+      auto& p = plan_.pieces()[g.pieces[i]];
+      auto& c = h.pieces[i];
+      std::string range = "tensor '" + layout_.tensor(p.tensor).name + "' bytes [" + std::to_string(p.offset) + ", " +
+                          std::to_string(p.offset + p.length) + ")";
+      if (c.tensor != p.tensor || c.offset != p.offset || c.length != p.length)
+        fail(errc::corrupt_message, where + ": header describes a different piece than the plan's " + range);
+      auto sum = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
+      if (sum != c.checksum) fail(errc::corrupt_message, where + ": " + range + " failed its checksum at iteration " + std::to_string(k_));
+      sums_[g.pieces[i]] = sum;
+    }
+    in.verified = true;
+    (g.exchange ? from_clones_ : from_sources_) += g.bytes;
+    --pending_[g.layer];
+    if (!g.exchange && Reconstruct::exchanges) --owned_pending_[g.layer];
+    // Forget the request objects now: nothing of this group is outstanding.
+    in.data.clear();
+    in.header.clear();
+  }
+
+  void post_forwards(std::size_t l) {
+    fwd_posted_[l] = true;
+    for (auto g : plan_.forwarded_by_clone(index_, l)) {
+      auto& grp = plan_.groups()[g];
+      int dest = roles_.clones[grp.to];
+      group_header h{session_, k_, static_cast<std::uint32_t>(l), index_, {}};
+      for (auto pi : grp.pieces) {
+        auto& p = plan_.pieces()[pi];
+        fwd_of_[l].push_back(fwd_.send(comm_, dest, layer_tag(st_.tag_base, l, true, false),
+                                       state_.bytes(p.tensor).subspan(p.offset, p.length)));
+        h.pieces.push_back({p.tensor, p.offset, p.length, sums_[pi]});
+      }
+      fwd_of_[l].push_back(fwd_.send_owned(comm_, dest, layer_tag(st_.tag_base, l, true, true), h.encode()));
+    }
+  }
+
+  void begin(const decision_msg& d) {
+    session_ = d.session;
+    k_ = d.iteration;
+    agreement_s_ = seconds_since(t_request_);
+    phase_ = phase::receiving;
+    const std::size_t L = layout_.layer_count();
+    ready_at_.assign(L, std::nullopt);
+    pending_.assign(L, 0);
+    owned_pending_.assign(L, 0);
+    fwd_posted_.assign(L, false);
+    fwd_of_.assign(L, {});
+    sums_.assign(plan_.pieces().size(), 0);
+    from_sources_ = from_clones_ = 0;
+    statuses_.assign(roles_.source_count(), std::nullopt);
+    status_slots_.resize(roles_.source_count());
+    for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
+      status_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_status, control_bytes);
+    summaries_.assign(roles_.clone_count(), std::nullopt);
+    summaries_[index_] = summary_msg{};  // our own is built on demand
+    summary_slots_.resize(roles_.clone_count());
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
+      if (j != index_) summary_slots_[j].post(comm_, roles_.clones[j], st_.tag_base + tag_summary, control_bytes);
+    meta_header_.post(comm_, roles_.sources[0], st_.tag_base + tag_meta_header, control_bytes);
+    // Every receive of the plan, posted up front straight into the clone's tensors.
+    auto mine = plan_.received_by_clone(index_);
+    inbound_.clear();
+    inbound_.reserve(mine.size());
+    for (auto g : mine) {
+      auto& grp = plan_.groups()[g];
+      int from = grp.exchange ? roles_.clones[grp.from] : roles_.sources[grp.from];
+      inbound& in = inbound_.emplace_back();
+      in.group = g;
+      in.header.assign(group_header::size_for(grp.pieces.size()), std::byte{0});
+      in.header_req = comm_.irecv(from, layer_tag(st_.tag_base, grp.layer, grp.exchange, true), in.header);
+      for (auto pi : grp.pieces) {
+        auto& p = plan_.pieces()[pi];
+        in.data.push_back(comm_.irecv(from, layer_tag(st_.tag_base, grp.layer, grp.exchange, false),
+                                      state_.bytes(p.tensor).subspan(p.offset, p.length)));
+      }
+      in.done.assign(in.data.size(), false);
+      ++pending_[grp.layer];
+      if (!grp.exchange && Reconstruct::exchanges) ++owned_pending_[grp.layer];
+    }
+  }
+
+  bool poll_statuses() {
+    bool any = false;
+    for (std::uint32_t i = 0; i < status_slots_.size(); ++i) {
+      auto b = status_slots_[i].test(comm_);
+      if (!b) continue;
+      any = true;
+      auto s = decode_or_fail<status_msg>(*b);
+      if (s.session != session_) {  // a stale word about an older session
+        status_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_status, control_bytes);
+        continue;
+      }
+      if (s.code != 0) {
+        if (phase_ == phase::complete) continue;  // everything arrived and verified regardless
+        fail(static_cast<errc>(s.code), s.reason);
+      }
+      statuses_[i] = s;
+    }
+    for (std::uint32_t j = 0; j < summary_slots_.size(); ++j) {
+      if (j == index_) continue;
+      if (auto b = summary_slots_[j].test(comm_)) {
+        any = true;
+        auto s = decode_or_fail<summary_msg>(*b);
+        if (s.session != session_) summary_slots_[j].post(comm_, roles_.clones[j], st_.tag_base + tag_summary, control_bytes);
+        else summaries_[j] = s;
+      }
+    }
+    return any;
+  }
+
+  void refused(std::span<const std::byte> b) {
+    auto theirs = decode_or_fail_layout(b);
+    auto& d = *refusal_;
+    std::string who = "clone rank " + std::to_string(roles_.clones[index_]);
+    if (d.status == verdict::plan_differs) {
+      auto diff = d.key.difference(plan_.key());
+      fail(errc::plan_mismatch, diff.empty() ? "clone rank " + std::to_string(roles_.clones[d.offending_clone]) +
+                                                   " uses plan settings that differ from the sources'"
+                                             : who + ": " + diff);
+    }
+    auto diff = first_difference(theirs, layout_, "sources", who);
+    fail(errc::layout_mismatch, diff ? *diff
+                                     : "clone rank " + std::to_string(roles_.clones[d.offending_clone]) +
+                                           "'s layout differs from the sources' (this rank's matches)");
+  }
+
+  deepclone::layout decode_or_fail_layout(std::span<const std::byte> b) {
+    try {
+      return deepclone::layout::decode(b);
+    } catch (const error& e) {
+      fail(e.kind(), e.what());
+    }
+  }
+  template <class M>
+  M decode_or_fail(std::span<const std::byte> b) {
+    try {
+      return M::decode(b);
+    } catch (const error& e) {
+      fail(e.kind(), e.what());
+    }
+  }
+
+  summary_msg my_summary() const {
+    return {session_, index_, from_sources_, from_clones_, readiness_s_, standby_s_,
+            ready_at_.empty() || !ready_at_[0] ? readiness_s_ : *ready_at_[0]};
+  }
+
+  std::string missing() const {
+    if (phase_ == phase::requested) return "the fork decision from source rank " + std::to_string(roles_.sources[0]);
+    std::string out;
+    int shown = 0;
+    for (auto& in : inbound_) {
+      if (in.verified) continue;
+      auto& g = plan_.groups()[in.group];
+      if (shown++ < 4)
+        out += (out.empty() ? "" : ", ") + std::string("layer ") + std::to_string(g.layer) + " from " +
+               (g.exchange ? "clone rank " + std::to_string(roles_.clones[g.from]) : "source rank " + std::to_string(roles_.sources[g.from]));
+    }
+    if (shown > 4) out += " and " + std::to_string(shown - 4) + " more groups";
+    if (!meta_done_) out += std::string(out.empty() ? "" : ", ") + "the metadata";
+    if (out.empty()) out = "forwards to other clone ranks / source statuses";
+    return out;
+  }
+
+  [[noreturn]] void fail(errc code, const std::string& what) {
+    failure_ = failure{code, what};
+    if (phase_ == phase::receiving || phase_ == phase::requested) tell_sources_cancel();
+    abandon();
+    phase_ = phase::failed;
+    throw error(code, what);
+  }
+
+  void tell_sources_cancel() {
+    if (session_ == 0 && phase_ != phase::receiving) return;
+    cancel_msg m{session_, index_};
+    for (int s : roles_.sources) ctl_.send_owned(comm_, s, st_.tag_base + tag_cancel, m.encode());
+  }
+
+  /// Withdraws every receive and send of the session: after it, no byte of a clone tensor
+  /// is written by deepclone.
+  void abandon() noexcept {
+    for (auto& in : inbound_) {
+      if (!in.header_done) try { comm_.cancel(in.header_req); } catch (...) {}
+      for (std::size_t i = 0; i < in.data.size(); ++i)
+        if (!in.done[i]) try { comm_.cancel(in.data[i]); } catch (...) {}
+    }
+    inbound_.clear();
+    if (meta_posted_ && !meta_done_) try { comm_.cancel(meta_req_); } catch (...) {}
+    meta_posted_ = meta_done_ = false;
+    meta_expect_.reset();
+    meta_header_.cancel(comm_);
+    decision_.cancel(comm_);
+    source_layout_.cancel(comm_);
+    for (auto& s : status_slots_) s.cancel(comm_);
+    for (auto& s : summary_slots_) s.cancel(comm_);
+    fwd_.clear(comm_);
+    // Control messages (requests, cancels, summaries) are small; give them a moment.
+    ctl_.wait_all(comm_, std::chrono::milliseconds(100));
+    ctl_.clear(comm_);
+  }
+
+  Comm& comm_;
+  deepclone::roles roles_;
+  deepclone::state<T>& state_;
+  settings_t st_;
+  std::uint32_t index_ = 0;
+  deepclone::layout layout_;
+  deepclone::plan plan_;
+  phase phase_ = phase::idle;
+  std::optional<failure> failure_;
+  std::uint64_t attempt_ = 0, session_ = 0, k_ = 0;
+  clock::time_point t_request_{};
+  double agreement_s_ = 0, readiness_s_ = 0, standby_s_ = 0;
+  std::uint64_t from_sources_ = 0, from_clones_ = 0;
+
+  outbox<Comm> ctl_, fwd_;
+  inbox_slot<Comm> decision_, source_layout_, meta_header_;
+  std::optional<decision_msg> refusal_;
+  std::vector<std::byte> meta_;
+  std::optional<meta_header> meta_expect_;
+  request_t meta_req_{};
+  bool meta_posted_ = false, meta_done_ = false;
+  std::vector<inbox_slot<Comm>> status_slots_, summary_slots_;
+  std::vector<std::optional<status_msg>> statuses_;
+  std::vector<std::optional<summary_msg>> summaries_;
+  std::vector<inbound> inbound_;
+  std::vector<std::uint64_t> sums_;
+  std::vector<std::optional<double>> ready_at_;
+  std::vector<std::size_t> pending_, owned_pending_;
+  std::vector<bool> fwd_posted_;
+  std::vector<std::vector<std::size_t>> fwd_of_;
+};
+
+}  // namespace deepclone::detail

@@ -1,0 +1,154 @@
+#pragma once
+/// \file detail/outbox.hpp
+/// Outstanding non-blocking requests of one engine, with the buffers they read from or
+/// write into when the engine owns them (headers, control messages). One place that
+/// tests, waits with a deadline, and cancels, so that no request outlives its buffer.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "../communicator.hpp"
+
+namespace deepclone::detail {
+
+using clock = std::chrono::steady_clock;
+
+inline double seconds_since(clock::time_point t0, clock::time_point t1 = clock::now()) {
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+template <class Comm>
+class outbox {
+ public:
+  using request = typename Comm::request_type;
+
+  /// Zero-copy send: `data` must stay valid until the request completes or is cancelled.
+  std::size_t send(Comm& c, int dest, int tag, std::span<const std::byte> data) {
+    entries_.push_back({c.isend(dest, tag, data), {}, false});
+    ++pending_;
+    return entries_.size() - 1;
+  }
+  /// Send of a buffer the outbox keeps alive until completion.
+  std::size_t send_owned(Comm& c, int dest, int tag, std::vector<std::byte> data) {
+    entry e{request{}, std::move(data), false};
+    e.req = c.isend(dest, tag, std::span<const std::byte>(e.buffer));
+    entries_.push_back(std::move(e));
+    ++pending_;
+    return entries_.size() - 1;
+  }
+
+  bool done(Comm& c, std::size_t i) {
+    auto& e = entries_[i];
+    if (!e.done && c.test(e.req)) {
+      e.done = true;
+      --pending_;
+    }
+    return e.done;
+  }
+  /// Tests every pending request; true if any completed.
+  bool poll(Comm& c) {
+    bool any = false;
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (!entries_[i].done && done(c, i)) any = true;
+    return any;
+  }
+  bool all_done(Comm& c) {
+    if (pending_) poll(c);
+    return pending_ == 0;
+  }
+  std::size_t pending() const noexcept { return pending_; }
+  std::size_t size() const noexcept { return entries_.size(); }
+
+  /// Waits until every request in `which` completes, or nothing completes for `timeout`.
+  template <class Indices>
+  bool wait(Comm& c, const Indices& which, std::chrono::nanoseconds timeout) {
+    idler<Comm> idle(c);
+    auto deadline = clock::now() + timeout;
+    for (;;) {
+      idle.mark();
+      bool all = true, any = false;
+      for (auto i : which) {
+        if (entries_[i].done) continue;
+        if (done(c, i)) any = true;
+        else all = false;
+      }
+      if (all) return true;
+      if (any) deadline = clock::now() + timeout;
+      if (clock::now() >= deadline) return false;
+      idle.idle(deadline);
+    }
+  }
+  bool wait_all(Comm& c, std::chrono::nanoseconds timeout) {
+    std::vector<std::size_t> all(entries_.size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    return wait(c, all, timeout);
+  }
+
+  /// Cancels every pending request; afterwards no buffer is touched any more.
+  void cancel_all(Comm& c) noexcept {
+    for (auto& e : entries_)
+      if (!e.done) {
+        try { c.cancel(e.req); } catch (...) {}
+        e.done = true;
+      }
+    pending_ = 0;
+  }
+  void clear(Comm& c) noexcept {
+    cancel_all(c);
+    entries_.clear();
+  }
+  /// Drops completed entries from the front (keeps indices of the rest stable only when
+  /// called with no outstanding index kept elsewhere).
+  void compact() {
+    if (pending_ == 0) entries_.clear();
+  }
+
+ private:
+  struct entry {
+    request req;
+    std::vector<std::byte> buffer;
+    bool done;
+  };
+  std::vector<entry> entries_;
+  std::size_t pending_ = 0;
+};
+
+/// A posted receive into an owned buffer (control messages), re-postable.
+template <class Comm>
+class inbox_slot {
+ public:
+  void post(Comm& c, int src, int tag, std::size_t bytes) {
+    buffer_.assign(bytes, std::byte{0});
+    req_ = c.irecv(src, tag, std::span<std::byte>(buffer_));
+    posted_ = true;
+    received_ = 0;
+  }
+  /// The received bytes once complete, else an empty optional.
+  std::optional<std::span<const std::byte>> test(Comm& c) {
+    if (!posted_) return std::nullopt;
+    if (auto n = c.test(req_)) {
+      posted_ = false;
+      received_ = *n;
+      return std::span<const std::byte>(buffer_.data(), *n);
+    }
+    return std::nullopt;
+  }
+  bool posted() const noexcept { return posted_; }
+  void cancel(Comm& c) noexcept {
+    if (posted_) {
+      try { c.cancel(req_); } catch (...) {}
+      posted_ = false;
+    }
+  }
+
+ private:
+  typename Comm::request_type req_{};
+  std::vector<std::byte> buffer_;
+  bool posted_ = false;
+  std::size_t received_ = 0;
+};
+
+}  // namespace deepclone::detail

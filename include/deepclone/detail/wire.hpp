@@ -1,0 +1,235 @@
+#pragma once
+/// \file detail/wire.hpp
+/// The messages deepclone sends and their tags. Every message starts with a magic word
+/// and names its session; data-carrying messages are described by a group header that
+/// names each piece (tensor, byte range), the session, the iteration and a checksum.
+/// Tensor bytes themselves travel bare, straight from source tensors into clone tensors.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../communicator.hpp"
+#include "../error.hpp"
+#include "../plan.hpp"
+#include "bytes.hpp"
+
+namespace deepclone::detail {
+
+inline constexpr std::uint32_t magic = 0x444C4E31;  // "DLN1"
+
+/// Tags relative to `settings::tag_base`.
+enum tag : int {
+  tag_request = 0,      ///< clone -> coordinator source
+  tag_decision = 1,     ///< coordinator -> sources and clones
+  tag_layout = 2,       ///< coordinator -> clone, with a refusal: the sources' layout
+  tag_meta_header = 3,  ///< coordinator -> clone
+  tag_meta = 4,         ///< coordinator -> clone
+  tag_status = 5,       ///< source -> clone: done (with statistics) or failed (with reason)
+  tag_summary = 6,      ///< clone -> clone: per-rank figures for the report
+  tag_cancel = 7,       ///< clone -> sources: stop serving this session
+  tag_layers = 16,      ///< then 4 tags per layer: data, header, exchange data, exchange header
+};
+inline int layer_tag(int base, std::size_t layer, bool exchange, bool header) {
+  return base + tag_layers + static_cast<int>(4 * layer) + (exchange ? 2 : 0) + (header ? 1 : 0);
+}
+
+/// Why a session ended without delivering.
+struct failure {
+  errc code;
+  std::string what;
+};
+
+/// Throws `errc::unsupported` when the layer tags would exceed the transport's tag bound.
+template <class Comm>
+void check_tag_space(const Comm& c, int base, std::size_t layers) {
+  const long long top = static_cast<long long>(base) + tag_layers + 4LL * static_cast<long long>(layers) - 1;
+  const long long bound = max_tag_of(c);
+  if (base < 0 || top > bound)
+    throw error(errc::unsupported, std::to_string(layers) + " layers need message tags up to " + std::to_string(top) +
+                                       " from tag_base " + std::to_string(base) + ", but the communicator allows tags up to " +
+                                       std::to_string(bound) + "; lower settings.tag_base or group layers");
+}
+
+/// Fixed receive-buffer size of the small control messages (all fit, with room to spare).
+inline constexpr std::size_t control_bytes = 1024;
+
+inline void check_magic(reader& r) {
+  if (r.u32() != magic) r.fail("bad magic word (not a deepclone message, or corrupt)");
+}
+
+struct request_msg {
+  std::uint32_t clone_index = 0;
+  std::uint64_t attempt = 0;
+  std::uint64_t layout_fingerprint = 0;
+  plan_key key;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u32(clone_index); w.u64(attempt); w.u64(layout_fingerprint);
+    key.encode(w);
+    return w.take();
+  }
+  static request_msg decode(std::span<const std::byte> b) {
+    reader r(b, "clone request");
+    check_magic(r);
+    request_msg m;
+    m.clone_index = r.u32(); m.attempt = r.u64(); m.layout_fingerprint = r.u64();
+    m.key = plan_key::decode(r);
+    r.expect_end();
+    return m;
+  }
+};
+
+enum class verdict : std::uint32_t { accepted = 1, layout_differs = 2, plan_differs = 3 };
+
+struct decision_msg {
+  verdict status = verdict::accepted;
+  std::uint64_t session = 0;
+  std::uint64_t iteration = 0;
+  std::uint64_t layout_bytes = 0;  ///< size of the layout message that follows a refusal
+  std::uint32_t offending_clone = 0;
+  plan_key key;  ///< the sources' key
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u32(static_cast<std::uint32_t>(status)); w.u64(session); w.u64(iteration);
+    w.u64(layout_bytes); w.u32(offending_clone);
+    key.encode(w);
+    return w.take();
+  }
+  static decision_msg decode(std::span<const std::byte> b) {
+    reader r(b, "fork decision");
+    check_magic(r);
+    decision_msg m;
+    auto s = r.u32();
+    if (s < 1 || s > 3) r.fail("unknown verdict " + std::to_string(s));
+    m.status = static_cast<verdict>(s);
+    m.session = r.u64(); m.iteration = r.u64(); m.layout_bytes = r.u64(); m.offending_clone = r.u32();
+    m.key = plan_key::decode(r);
+    r.expect_end();
+    return m;
+  }
+};
+
+/// One entry of a group header.
+struct piece_check {
+  std::uint32_t tensor;
+  std::uint64_t offset, length, checksum;
+};
+
+struct group_header {
+  std::uint64_t session = 0, iteration = 0;
+  std::uint32_t layer = 0, from = 0;
+  std::vector<piece_check> pieces;
+  static std::size_t size_for(std::size_t n) { return 4 + 8 + 8 + 4 + 4 + 4 + n * 28; }
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u64(session); w.u64(iteration); w.u32(layer); w.u32(from);
+    w.u32(static_cast<std::uint32_t>(pieces.size()));
+    for (auto& p : pieces) { w.u32(p.tensor); w.u64(p.offset); w.u64(p.length); w.u64(p.checksum); }
+    return w.take();
+  }
+  static group_header decode(std::span<const std::byte> b) {
+    reader r(b, "group header");
+    check_magic(r);
+    group_header h;
+    h.session = r.u64(); h.iteration = r.u64(); h.layer = r.u32(); h.from = r.u32();
+    auto n = r.u32();
+    if (n > r.remaining() / 28) r.fail("piece count " + std::to_string(n) + " exceeds the message");
+    for (std::uint32_t i = 0; i < n; ++i) {
+      piece_check p;
+      p.tensor = r.u32(); p.offset = r.u64(); p.length = r.u64(); p.checksum = r.u64();
+      h.pieces.push_back(p);
+    }
+    r.expect_end();
+    return h;
+  }
+};
+
+struct meta_header {
+  std::uint64_t session = 0, iteration = 0, bytes = 0, checksum = 0;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u64(session); w.u64(iteration); w.u64(bytes); w.u64(checksum);
+    return w.take();
+  }
+  static meta_header decode(std::span<const std::byte> b) {
+    reader r(b, "metadata header");
+    check_magic(r);
+    meta_header m;
+    m.session = r.u64(); m.iteration = r.u64(); m.bytes = r.u64(); m.checksum = r.u64();
+    r.expect_end();
+    return m;
+  }
+};
+
+/// A source's last word on a session: its figures when it delivered everything, or why
+/// it could not. Errors travel as (code, text) so that the clone rethrows them faithfully.
+struct status_msg {
+  std::uint64_t session = 0;
+  std::uint32_t source_index = 0;
+  std::uint32_t code = 0;  ///< 0: delivered; else a deepclone::errc
+  std::uint64_t bytes_sent = 0;
+  double hook_s = 0, overhead_s = 0, normal_iteration_s = 0;
+  std::uint32_t fork_iterations = 0;
+  std::string reason;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u64(session); w.u32(source_index); w.u32(code); w.u64(bytes_sent);
+    w.f64(hook_s); w.f64(overhead_s); w.f64(normal_iteration_s); w.u32(fork_iterations);
+    w.str(reason.substr(0, control_bytes / 2));
+    return w.take();
+  }
+  static status_msg decode(std::span<const std::byte> b) {
+    reader r(b, "source status");
+    check_magic(r);
+    status_msg m;
+    m.session = r.u64(); m.source_index = r.u32(); m.code = r.u32(); m.bytes_sent = r.u64();
+    m.hook_s = r.f64(); m.overhead_s = r.f64(); m.normal_iteration_s = r.f64(); m.fork_iterations = r.u32();
+    m.reason = r.str();
+    r.expect_end();
+    return m;
+  }
+};
+
+struct summary_msg {
+  std::uint64_t session = 0;
+  std::uint32_t clone_index = 0;
+  std::uint64_t bytes_from_sources = 0, bytes_from_clones = 0;
+  double readiness_s = 0, standby_s = 0, first_layer_s = 0;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u64(session); w.u32(clone_index); w.u64(bytes_from_sources); w.u64(bytes_from_clones);
+    w.f64(readiness_s); w.f64(standby_s); w.f64(first_layer_s);
+    return w.take();
+  }
+  static summary_msg decode(std::span<const std::byte> b) {
+    reader r(b, "clone summary");
+    check_magic(r);
+    summary_msg m;
+    m.session = r.u64(); m.clone_index = r.u32(); m.bytes_from_sources = r.u64(); m.bytes_from_clones = r.u64();
+    m.readiness_s = r.f64(); m.standby_s = r.f64(); m.first_layer_s = r.f64();
+    r.expect_end();
+    return m;
+  }
+};
+
+struct cancel_msg {
+  std::uint64_t session = 0;
+  std::uint32_t clone_index = 0;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u64(session); w.u32(clone_index);
+    return w.take();
+  }
+  static cancel_msg decode(std::span<const std::byte> b) {
+    reader r(b, "cancel message");
+    check_magic(r);
+    cancel_msg m;
+    m.session = r.u64(); m.clone_index = r.u32();
+    r.expect_end();
+    return m;
+  }
+};
+
+}  // namespace deepclone::detail

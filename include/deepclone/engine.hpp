@@ -1,0 +1,122 @@
+#pragma once
+/// \file engine.hpp
+/// `engine<Comm, Shard, Pipeline, Reconstruct, Checksum>` binds the compile-time policies
+/// to a communicator type and gives the two roles: `engine<...>::source<T>` (hooks in the
+/// trainer of a source rank) and `engine<...>::clone<T>` (on a clone rank).
+///
+///   using cloning = deepclone::engine<deepclone::inproc::communicator>;   // all defaults
+///   cloning::source src(comm, roles, state);      // T deduced from deepclone::state<T>
+///   cloning::clone  dst(comm, roles, clone_state);
+
+#include <chrono>
+#include <string>
+
+#include "checksum.hpp"
+#include "clone.hpp"
+#include "communicator.hpp"
+#include "pipeline.hpp"
+#include "plan.hpp"
+#include "reconstruct.hpp"
+#include "roles.hpp"
+#include "shard.hpp"
+#include "source.hpp"
+#include "state.hpp"
+
+namespace deepclone {
+
+namespace detail {
+template <class P>
+concept sharding_policy = requires(const P& p, const layout& l) {
+  { P::id } -> std::convertible_to<std::uint32_t>;
+  { P::name } -> std::convertible_to<const char*>;
+  { p.param() } -> std::convertible_to<std::uint64_t>;
+  { p.assign(l, std::uint32_t{}, std::uint64_t{}) } -> std::same_as<std::vector<piece>>;
+};
+template <class P>
+concept reconstruction_policy = requires(const P& p, const layout& l, std::vector<piece> v) {
+  { P::id } -> std::convertible_to<std::uint32_t>;
+  { P::exchanges } -> std::convertible_to<bool>;
+  { p.param() } -> std::convertible_to<std::uint64_t>;
+  { p.assign_owners(v, l, std::uint32_t{}, std::uint64_t{}) } -> std::same_as<std::vector<piece>>;
+};
+template <class P>
+concept pipeline_policy = requires {
+  { P::value } -> std::convertible_to<pipeline::kind>;
+  { P::name } -> std::convertible_to<const char*>;
+};
+template <class P>
+concept checksum_policy = requires(std::span<const std::byte> b) {
+  { P::id } -> std::convertible_to<std::uint32_t>;
+  { P::compute(b) } -> std::same_as<std::uint64_t>;
+};
+}  // namespace detail
+
+template <class Comm, class Shard = shard::split_even, class Pipeline = pipeline::window,
+          class Reconstruct = reconstruct::scatter_exchange, class Checksum = checksum::mix64>
+class engine {
+  static_assert(point_to_point_communicator<Comm>,
+                "deepclone::engine: Comm must model point_to_point_communicator (rank, size, isend, irecv, test, "
+                "wait, cancel over std::byte spans); wrap your transport in an adapter (see inproc.hpp)");
+  static_assert(detail::sharding_policy<Shard>, "deepclone::engine: Shard must be a sharding policy (see shard.hpp)");
+  static_assert(detail::reconstruction_policy<Reconstruct>,
+                "deepclone::engine: Reconstruct must be a reconstruction policy (see reconstruct.hpp)");
+  static_assert(detail::pipeline_policy<Pipeline>, "deepclone::engine: Pipeline must be a pipeline policy (see pipeline.hpp)");
+  static_assert(detail::checksum_policy<Checksum>, "deepclone::engine: Checksum must be a checksum policy (see checksum.hpp)");
+
+ public:
+  using comm_type = Comm;
+  using shard_type = Shard;
+  using pipeline_type = Pipeline;
+  using reconstruct_type = Reconstruct;
+  using checksum_type = Checksum;
+
+  /// Run-time settings: the policies' values plus engine-wide knobs. Sources and clones
+  /// must use equal plan-relevant settings; a difference is refused with `plan_mismatch`.
+  struct settings {
+    Shard shard{};
+    Pipeline pipeline{};
+    Reconstruct reconstruct{};
+    plan_options plan{};
+    /// Longest wait without progress before a clone fails or a source drops a session.
+    std::chrono::nanoseconds timeout = std::chrono::seconds(60);
+    /// The coordinator forks at (iteration in which it saw every clone request) + fork_lead.
+    /// Other sources must learn the decision before iteration k starts, so this is the
+    /// tolerated skew between sources, in iterations.
+    std::uint64_t fork_lead = 2;
+    /// deepclone uses tags [tag_base, tag_base + 16 + 4 * layers); keep the trainer's own
+    /// messages on that communicator outside this range.
+    int tag_base = 1000;
+  };
+
+  template <tensor T>
+  class source : public detail::source_engine<engine, T> {
+   public:
+    source(Comm& comm, const deepclone::roles& r, deepclone::state<T>& st, settings s = {})
+        : detail::source_engine<engine, T>(comm, r, st, std::move(s)) {}
+  };
+
+  template <tensor T>
+  class clone : public detail::clone_engine<engine, T> {
+   public:
+    clone(Comm& comm, const deepclone::roles& r, deepclone::state<T>& st, settings s = {})
+        : detail::clone_engine<engine, T>(comm, r, st, std::move(s)) {}
+  };
+
+  /// The plan every rank of this engine computes for `lay`. The staged pipeline cuts
+  /// pieces to fit its staging ring, so the plan depends on it too.
+  static deepclone::plan make_plan(const layout& lay, const deepclone::roles& r, const settings& s) {
+    plan_options o = s.plan;
+    if constexpr (Pipeline::value == pipeline::kind::staged) {
+      auto cap = s.pipeline.staging_bytes / (o.alignment ? o.alignment : 1) * (o.alignment ? o.alignment : 1);
+      if (cap == 0) throw error(errc::invalid_argument, "pipeline::staged: staging_bytes must be at least the alignment");
+      o.max_piece_bytes = std::min(o.max_piece_bytes, cap);
+    }
+    return deepclone::make_plan(lay, r.source_count(), r.clone_count(), s.shard, s.reconstruct, o, Checksum::id);
+  }
+
+  static std::string describe(const settings&) {
+    return std::string(Shard::name) + "/" + Pipeline::name + "/" + Reconstruct::name + "/" + Checksum::name;
+  }
+};
+
+}  // namespace deepclone

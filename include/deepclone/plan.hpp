@@ -1,0 +1,225 @@
+#pragma once
+/// \file plan.hpp
+/// The plan: a pure, deterministic function of (layout, N, M, policies, options) saying
+/// which byte range of which tensor each source sends to which clone rank, and what the
+/// clone ranks forward to each other. Every rank computes the same plan, so no plan
+/// travels: a clone rank knows exactly which messages will arrive from whom and posts its
+/// receives straight into its tensors.
+
+#include <algorithm>
+#include <map>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "detail/bytes.hpp"
+#include "error.hpp"
+#include "layout.hpp"
+#include "piece.hpp"
+
+namespace deepclone {
+
+/// Settings of the plan that are not policies.
+struct plan_options {
+  std::uint64_t alignment = 256;               ///< piece boundaries are multiples of this (and of the element size)
+  std::uint64_t max_piece_bytes = 64ull << 20;  ///< larger pieces are cut (keeps messages < 2 GiB, pipelines exchange)
+};
+
+/// Everything the plan depends on besides the layout. Sources and clones compare keys
+/// before any transfer; a difference is named field by field.
+struct plan_key {
+  std::uint32_t sources = 0, clones = 0;
+  std::uint32_t shard_id = 0;
+  std::uint64_t shard_param = 0;
+  std::uint32_t reconstruct_id = 0;
+  std::uint64_t reconstruct_param = 0;
+  std::uint64_t alignment = 0, max_piece_bytes = 0;
+  std::uint32_t checksum_id = 0;
+  bool operator==(const plan_key&) const = default;
+
+  void encode(detail::writer& w) const {
+    w.u32(sources); w.u32(clones); w.u32(shard_id); w.u64(shard_param); w.u32(reconstruct_id);
+    w.u64(reconstruct_param); w.u64(alignment); w.u64(max_piece_bytes); w.u32(checksum_id);
+  }
+  static plan_key decode(detail::reader& r) {
+    plan_key k;
+    k.sources = r.u32(); k.clones = r.u32(); k.shard_id = r.u32(); k.shard_param = r.u64();
+    k.reconstruct_id = r.u32(); k.reconstruct_param = r.u64(); k.alignment = r.u64();
+    k.max_piece_bytes = r.u64(); k.checksum_id = r.u32();
+    return k;
+  }
+  /// "field: sources have X, clone has Y" for the first differing field.
+  std::string difference(const plan_key& o) const {
+    auto f = [](const char* n, std::uint64_t a, std::uint64_t b) {
+      return std::string(n) + ": sources have " + std::to_string(a) + ", clone has " + std::to_string(b);
+    };
+    if (sources != o.sources) return f("number of sources", sources, o.sources);
+    if (clones != o.clones) return f("number of clone ranks", clones, o.clones);
+    if (shard_id != o.shard_id) return f("sharding policy id", shard_id, o.shard_id);
+    if (shard_param != o.shard_param) return f("sharding policy setting", shard_param, o.shard_param);
+    if (reconstruct_id != o.reconstruct_id) return f("reconstruction policy id", reconstruct_id, o.reconstruct_id);
+    if (reconstruct_param != o.reconstruct_param) return f("reconstruction setting", reconstruct_param, o.reconstruct_param);
+    if (alignment != o.alignment) return f("alignment", alignment, o.alignment);
+    if (max_piece_bytes != o.max_piece_bytes) return f("max_piece_bytes", max_piece_bytes, o.max_piece_bytes);
+    if (checksum_id != o.checksum_id) return f("checksum policy id", checksum_id, o.checksum_id);
+    return {};
+  }
+};
+
+/// Pieces that travel together from one sender to one clone rank for one layer: one
+/// header message plus one data message per piece, in this order.
+struct transfer_group {
+  std::uint32_t layer = 0;
+  std::uint32_t from = 0;  ///< source index, or clone index when `exchange`
+  std::uint32_t to = 0;    ///< clone index
+  bool exchange = false;   ///< clone-to-clone forward (scatter_exchange)
+  std::vector<std::uint32_t> pieces;
+  std::uint64_t bytes = 0;
+};
+
+class plan;
+/// Computes the plan (defined below).
+template <class Shard, class Reconstruct>
+plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, const Shard& shard,
+               const Reconstruct& recon, const plan_options& opt = {}, std::uint32_t checksum_id = 0);
+
+class plan {
+ public:
+  const deepclone::layout& layout() const noexcept { return layout_; }
+  const plan_key& key() const noexcept { return key_; }
+  const std::vector<piece>& pieces() const noexcept { return pieces_; }
+  const std::vector<transfer_group>& groups() const noexcept { return groups_; }
+
+  /// Groups source `s` sends when layer `l` is final.
+  std::span<const std::uint32_t> sent_by_source(std::uint32_t s, std::size_t l) const { return by_source_[s][l]; }
+  /// Groups clone `c` forwards once it holds its owned pieces of layer `l`.
+  std::span<const std::uint32_t> forwarded_by_clone(std::uint32_t c, std::size_t l) const { return fwd_by_clone_[c][l]; }
+  /// Every group clone `c` receives (from sources and from other clone ranks).
+  std::span<const std::uint32_t> received_by_clone(std::uint32_t c) const { return recv_by_clone_[c]; }
+
+  /// Distinct tensor bytes source `s` is responsible for (each piece counted once).
+  std::uint64_t bytes_of_source(std::uint32_t s) const {
+    std::uint64_t b = 0;
+    for (auto& q : pieces_)
+      if (q.source == s) b += q.length;
+    return b;
+  }
+  /// Bytes source `s` puts on the wire (a piece sent to several clone ranks counts each time).
+  std::uint64_t bytes_sent_by_source(std::uint32_t s) const {
+    std::uint64_t b = 0;
+    for (auto& l : by_source_[s])
+      for (auto g : l) b += groups_[g].bytes;
+    return b;
+  }
+  std::uint64_t bytes_received_by_clone(std::uint32_t c, bool from_clones) const {
+    std::uint64_t b = 0;
+    for (auto g : recv_by_clone_[c])
+      if (groups_[g].exchange == from_clones) b += groups_[g].bytes;
+    return b;
+  }
+
+  template <class Shard, class Reconstruct>
+  friend plan make_plan(const deepclone::layout&, std::uint32_t, std::uint32_t, const Shard&, const Reconstruct&,
+                        const plan_options&, std::uint32_t);
+
+ private:
+  deepclone::layout layout_;
+  plan_key key_;
+  std::vector<piece> pieces_;
+  std::vector<transfer_group> groups_;
+  std::vector<std::vector<std::vector<std::uint32_t>>> by_source_, fwd_by_clone_;
+  std::vector<std::vector<std::uint32_t>> recv_by_clone_;
+};
+
+/// Computes the plan. Deterministic: the same arguments give the same plan on every rank.
+/// Throws `errc::invalid_argument` for N or M of zero and when a policy's pieces do not
+/// cover every byte exactly once.
+template <class Shard, class Reconstruct>
+plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, const Shard& shard,
+               const Reconstruct& recon, const plan_options& opt, std::uint32_t checksum_id) {
+  if (sources == 0) throw error(errc::invalid_argument, "a clone needs at least one source (N = 0)");
+  if (clones == 0) throw error(errc::invalid_argument, "a clone needs at least one clone rank (M = 0)");
+  if (opt.max_piece_bytes == 0) throw error(errc::invalid_argument, "plan_options::max_piece_bytes must be > 0");
+  plan p;
+  p.layout_ = lay;
+  p.key_ = {sources, clones, Shard::id, shard.param(), Reconstruct::id, recon.param(), opt.alignment,
+            opt.max_piece_bytes, checksum_id};
+
+  // 1. Which source sends which bytes.
+  std::vector<piece> sharded = shard.assign(lay, sources, opt.alignment);
+  // 2. Cut pieces above max_piece_bytes (same source), at granule boundaries.
+  std::vector<piece> cut;
+  for (auto& q : sharded) {
+    if (q.source >= sources)
+      throw error(errc::invalid_argument, std::string("sharding policy ") + Shard::name + " named source " +
+                                              std::to_string(q.source) + " of " + std::to_string(sources));
+    if (q.length <= opt.max_piece_bytes) {
+      cut.push_back(q);
+      continue;
+    }
+    auto g = granule(lay.tensor(q.tensor), opt.alignment);
+    auto per = std::max<std::uint64_t>(1, opt.max_piece_bytes / g);
+    auto granules = (q.length + g - 1) / g;
+    for (auto [off, len] : split_range(q.length, (granules + per - 1) / per, g)) {
+      piece r = q;
+      r.offset = q.offset + off;
+      r.length = len;
+      cut.push_back(r);
+    }
+  }
+  // 3. Which clone ranks receive each piece from its source.
+  p.pieces_ = recon.assign_owners(std::move(cut), lay, clones, opt.alignment);
+  std::sort(p.pieces_.begin(), p.pieces_.end(),
+            [](const piece& a, const piece& b) { return std::tie(a.tensor, a.offset) < std::tie(b.tensor, b.offset); });
+
+  // Every byte of every tensor exactly once.
+  std::size_t i = 0;
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+    std::uint64_t at = 0;
+    for (; i < p.pieces_.size() && p.pieces_[i].tensor == t; ++i) {
+      auto& q = p.pieces_[i];
+      if (q.offset != at || q.length == 0 || (q.owner != piece::all_clones && q.owner >= clones))
+        throw error(errc::invalid_argument, std::string("policies ") + Shard::name + "/" + Reconstruct::name +
+                                                " produced a gap, overlap or bad owner in tensor '" + lay.tensor(t).name +
+                                                "' at byte " + std::to_string(at));
+      at += q.length;
+    }
+    if (at != lay.tensor(t).bytes)
+      throw error(errc::invalid_argument, std::string("policies ") + Shard::name + "/" + Reconstruct::name +
+                                              " cover " + std::to_string(at) + " of " + std::to_string(lay.tensor(t).bytes) +
+                                              " bytes of tensor '" + lay.tensor(t).name + "'");
+  }
+
+  // 4. Group pieces into messages: per layer, per (sender, receiver).
+  const std::size_t L = lay.layer_count();
+  p.by_source_.assign(sources, std::vector<std::vector<std::uint32_t>>(L));
+  p.fwd_by_clone_.assign(clones, std::vector<std::vector<std::uint32_t>>(L));
+  p.recv_by_clone_.assign(clones, {});
+  std::map<std::tuple<std::uint32_t, bool, std::uint32_t, std::uint32_t>, std::uint32_t> ids;
+  auto add = [&](std::uint32_t layer, bool exch, std::uint32_t from, std::uint32_t to, std::uint32_t pi) {
+    auto [it, fresh] = ids.try_emplace({layer, exch, from, to}, static_cast<std::uint32_t>(p.groups_.size()));
+    if (fresh) {
+      p.groups_.push_back({layer, from, to, exch, {}, 0});
+      (exch ? p.fwd_by_clone_[from][layer] : p.by_source_[from][layer]).push_back(it->second);
+      p.recv_by_clone_[to].push_back(it->second);
+    }
+    auto& g = p.groups_[it->second];
+    g.pieces.push_back(pi);
+    g.bytes += p.pieces_[pi].length;
+  };
+  for (std::uint32_t pi = 0; pi < p.pieces_.size(); ++pi) {
+    auto& q = p.pieces_[pi];
+    if (q.owner == piece::all_clones) {
+      for (std::uint32_t c = 0; c < clones; ++c) add(q.layer, false, q.source, c, pi);
+    } else {
+      add(q.layer, false, q.source, q.owner, pi);
+      if (Reconstruct::exchanges)
+        for (std::uint32_t c = 0; c < clones; ++c)
+          if (c != q.owner) add(q.layer, true, q.owner, c, pi);
+    }
+  }
+  return p;
+}
+
+}  // namespace deepclone

@@ -1,0 +1,77 @@
+#pragma once
+/// \file reconstruct.hpp
+/// Reconstruction policies: how the M clone ranks come to hold every byte.
+///
+/// A reconstruction policy is a type with
+///   static constexpr std::uint32_t id;  static constexpr const char* name;
+///   static constexpr bool exchanges;    // do clone ranks forward pieces to each other?
+///   std::uint64_t param() const;
+///   std::vector<piece> assign_owners(std::vector<piece>, const layout&, std::uint32_t clones,
+///                                    std::uint64_t alignment) const;
+
+#include <vector>
+
+#include "piece.hpp"
+
+namespace deepclone::reconstruct {
+
+/// Every clone rank receives every byte straight from the sources. Sources send S*M/N
+/// bytes each; no traffic inside the clone group.
+struct direct {
+  static constexpr std::uint32_t id = 1;
+  static constexpr const char* name = "direct";
+  static constexpr bool exchanges = false;
+  std::uint64_t param() const { return 0; }
+  std::vector<piece> assign_owners(std::vector<piece> pieces, const layout&, std::uint32_t, std::uint64_t) const {
+    for (auto& p : pieces) p.owner = piece::all_clones;
+    return pieces;
+  }
+};
+
+/// Each byte leaves the sources once, to one "owner" clone rank, which verifies it and
+/// forwards it to the other clone ranks. A layer is forwarded as soon as the owner holds
+/// all its owned pieces of that layer, so tensors complete layer by layer, not after the
+/// last layer. Pieces of at least `threshold` bytes are split over the M clone ranks;
+/// smaller ones go whole to the least-loaded clone rank.
+struct scatter_exchange {
+  static constexpr std::uint32_t id = 2;
+  static constexpr const char* name = "scatter_exchange";
+  static constexpr bool exchanges = true;
+  std::uint64_t threshold = 1u << 20;
+
+  std::uint64_t param() const { return threshold; }
+  std::vector<piece> assign_owners(std::vector<piece> pieces, const layout& l, std::uint32_t m,
+                                   std::uint64_t alignment) const {
+    std::vector<piece> out;
+    std::vector<std::uint64_t> loads(m, 0);
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> small;  // (index into pieces, bytes)
+    std::uint64_t rotate = 0;
+    for (std::uint32_t i = 0; i < pieces.size(); ++i) {
+      auto& p = pieces[i];
+      if (p.length < threshold || m == 1) {
+        small.emplace_back(i, p.length);
+        continue;
+      }
+      auto g = granule(l.tensor(p.tensor), alignment);
+      auto parts = split_range(p.length, m, g, rotate);
+      rotate += ((p.length + g - 1) / g) % m;
+      for (std::uint32_t c = 0; c < parts.size(); ++c) {
+        piece q = p;
+        q.offset = p.offset + parts[c].first;
+        q.length = parts[c].second;
+        q.owner = c;
+        loads[c] += q.length;
+        out.push_back(q);
+      }
+    }
+    auto bins = deepclone::detail::lpt_assign(small, loads);
+    for (std::size_t i = 0; i < small.size(); ++i) {
+      piece q = pieces[small[i].first];
+      q.owner = bins[i];
+      out.push_back(q);
+    }
+    return out;
+  }
+};
+
+}  // namespace deepclone::reconstruct

@@ -1,0 +1,494 @@
+#pragma once
+/// \file source.hpp
+/// The source engine: the hooks a trainer calls around each layer's update, the fork
+/// agreement, and the layer-wise pipeline that sends this source's share of the state
+/// of the fork iteration. Use it through `engine<...>::source` (engine.hpp).
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "detail/outbox.hpp"
+#include "detail/wire.hpp"
+#include "error.hpp"
+#include "pipeline.hpp"
+#include "plan.hpp"
+#include "roles.hpp"
+#include "state.hpp"
+
+namespace deepclone::detail {
+
+template <class Engine, tensor T>
+class source_engine {
+  using Comm = typename Engine::comm_type;
+  using Pipeline = typename Engine::pipeline_type;
+  using Checksum = typename Engine::checksum_type;
+  using settings_t = typename Engine::settings;
+
+ public:
+  /// Registers this rank as a source of `state`. The state must not change shape while
+  /// the source exists. Throws `errc::invalid_argument` if this rank is not a source in
+  /// `r`, or for invalid roles.
+  source_engine(Comm& comm, deepclone::roles r, deepclone::state<T>& st, settings_t s = {})
+      : comm_(comm), roles_(std::move(r)), state_(st), st_(std::move(s)) {
+    roles_.validate(comm_.size());
+    auto idx = roles_.source_index(comm_.rank());
+    if (!idx)
+      throw error(errc::invalid_argument, "rank " + std::to_string(comm_.rank()) + " is not a source in the given roles");
+    if (st_.fork_lead < 1) throw error(errc::invalid_argument, "settings.fork_lead must be at least 1");
+    index_ = *idx;
+    layout_ = state_.describe();
+    plan_ = Engine::make_plan(layout_, roles_, st_);
+    check_tag_space(comm_, st_.tag_base, layout_.layer_count());
+    for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
+      if (state_.space(t) != memory_space::host)
+        throw error(errc::unsupported, "tensor '" + layout_.tensor(t).name +
+                                           "' lives in device memory: the core engine sends host memory; use a device pipeline");
+    updated_.assign(layout_.layer_count(), 0);
+    post_control();
+  }
+  source_engine(const source_engine&) = delete;
+  source_engine& operator=(const source_engine&) = delete;
+  ~source_engine() {
+    try {
+      finish();
+    } catch (...) {
+    }
+  }
+
+  /// Call right before layer `layer` is updated. With the window pipeline this is where
+  /// the source waits, if a send of that layer from the fork iteration is still running.
+  void before_update(std::size_t layer) {
+    hook_timer t(*this);
+    check_layer(layer, "before_update");
+    if (open_ >= 0)
+      throw error(errc::hook_order, "before_update(" + std::to_string(layer) + ") while layer " + std::to_string(open_) +
+                                        " is still being updated (missing after_update)");
+    if (updated_[layer] == generation_)
+      throw error(errc::hook_order, "layer " + std::to_string(layer) + " updated twice in iteration " + current_name() +
+                                        " (missing end_iteration?)");
+    open_ = static_cast<long>(layer);
+    if (s_ && !s_->layer_reqs[layer].empty()) {
+      if (!s_->out.wait(comm_, s_->layer_reqs[layer], st_.timeout))
+        fail_session(errc::timeout, "sends of layer " + std::to_string(layer) + " did not complete within the timeout");
+      else if (s_)
+        s_->layer_reqs[layer].clear();
+    }
+  }
+
+  /// Call right after layer `layer` was updated. In the fork iteration this starts the
+  /// layer's transfer (window, staged).
+  void after_update(std::size_t layer) {
+    hook_timer t(*this);
+    check_layer(layer, "after_update");
+    if (open_ != static_cast<long>(layer))
+      throw error(errc::hook_order, "after_update(" + std::to_string(layer) + ") without before_update(" +
+                                        std::to_string(layer) + ")" +
+                                        (open_ >= 0 ? " (layer " + std::to_string(open_) + " is open)" : ""));
+    open_ = -1;
+    updated_[layer] = generation_;
+    if (s_ && Pipeline::value != pipeline::kind::blocking && last_step_ && *last_step_ + 1 == s_->k)
+      send_layer(layer);
+    else if (s_)
+      poll_session();
+  }
+
+  /// Call once at the end of every iteration with its step number; steps must increase by
+  /// one. Here the fork decision is received and the metadata of the fork iteration sent.
+  void end_iteration(std::uint64_t step) {
+    hook_timer t(*this);
+    if (open_ >= 0)
+      throw error(errc::hook_order, "end_iteration(" + std::to_string(step) + ") while layer " + std::to_string(open_) +
+                                        " is still being updated (missing after_update)");
+    if (last_step_ && step != *last_step_ + 1)
+      throw error(errc::hook_order, "end_iteration(" + std::to_string(step) + ") after end_iteration(" +
+                                        std::to_string(*last_step_) + "): steps must increase by one");
+    if (finished_) throw error(errc::hook_order, "end_iteration after finish()");
+    last_step_ = step;
+    ++generation_;
+    if (s_ && step == s_->k) {
+      for (std::size_t l = 0; l < layout_.layer_count() && s_; ++l)
+        if (!s_->layer_sent[l]) send_layer(l);  // blocking: all; others: layers not updated in k
+      if (s_ && index_ == 0) send_metadata();
+      if (s_ && Pipeline::value == pipeline::kind::blocking && !s_->out.wait_all(comm_, st_.timeout))
+        fail_session(errc::timeout, "blocking transfer did not complete within the timeout");
+    }
+    // The iteration's duration, end to end, this hook included.
+    auto now = clock::now();
+    if (last_end_) {
+      double d = seconds_since(*last_end_, now);
+      if (s_ && step >= s_->k) s_->fork_durations.push_back(d);
+      else if (!s_) {  // iterations between the decision and k count as neither
+        normal_.push_back(d);
+        if (normal_.size() > 32) normal_.pop_front();
+      }
+    }
+    last_end_ = now;
+    if (s_) poll_session();
+    t.flush();
+    if (s_ && step >= s_->k && s_->out.all_done(comm_)) complete_session();
+    if (!s_) handle_control(step);
+    trailing_.poll(comm_);
+  }
+
+  /// Ends this source's participation: an in-flight transfer is completed (or fails with
+  /// a status the clone sees), control receives are withdrawn. Called by the destructor.
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    if (!s_ && index_ != 0 && decision_.posted()) {
+      if (auto b = decision_.test(comm_)) {  // a decision that raced with the end of training
+        try {
+          auto d = decision_msg::decode(*b);
+          start_session(d.session, d.iteration);
+        } catch (const error&) {
+        }
+      }
+    }
+    if (s_) {
+      if (!last_step_ || *last_step_ < s_->k)
+        fail_session(errc::source_failed, "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
+                                              ") finished training at step " + (last_step_ ? std::to_string(*last_step_) : "none") +
+                                              ", before the fork iteration " + std::to_string(s_->k));
+      else if (!s_->out.wait_all(comm_, st_.timeout))
+        fail_session(errc::timeout, "outstanding sends did not complete within the timeout at finish()");
+      else
+        complete_session();
+    }
+    for (auto& r : requests_) r.cancel(comm_);
+    decision_.cancel(comm_);
+    trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(st_.timeout, std::chrono::seconds(1)));
+    trailing_.clear(comm_);
+  }
+
+  /// True while a clone session is agreed or in flight.
+  bool cloning() const noexcept { return s_.has_value(); }
+  /// The fork iteration of the session in flight.
+  std::optional<std::uint64_t> fork_iteration() const { return s_ ? std::optional(s_->k) : std::nullopt; }
+  std::uint64_t sessions_completed() const noexcept { return completed_; }
+  std::uint64_t sessions_failed() const noexcept { return failed_; }
+  /// Why the last failed session failed (the source itself keeps training).
+  const std::optional<failure>& last_error() const noexcept { return last_error_; }
+  const deepclone::plan& plan() const noexcept { return plan_; }
+  std::uint32_t index() const noexcept { return index_; }
+
+ private:
+  struct session {
+    std::uint64_t id = 0, k = 0;
+    outbox<Comm> out;
+    std::vector<std::vector<std::size_t>> layer_reqs;
+    std::vector<bool> layer_sent;
+    std::vector<std::byte> meta;       // encoded metadata of iteration k
+    std::vector<std::byte> staging;    // staged pipeline ring
+    struct slot { std::uint64_t off, len; std::vector<std::size_t> reqs; };
+    std::deque<slot> ring;
+    std::vector<inbox_slot<Comm>> cancels;
+    std::vector<double> fork_durations;
+    double hook_s = 0;
+    std::uint64_t bytes_sent = 0;
+  };
+
+  /// Adds the time spent in a hook to the session in flight.
+  struct hook_timer {
+    explicit hook_timer(source_engine& e) : e_(e), t0_(clock::now()) {}
+    ~hook_timer() { flush(); }
+    /// Books the time so far; called before a session ends inside the hook.
+    void flush() {
+      auto now = clock::now();
+      if (e_.s_) e_.s_->hook_s += seconds_since(t0_, now);
+      t0_ = now;
+    }
+    source_engine& e_;
+    clock::time_point t0_;
+  };
+
+  void check_layer(std::size_t layer, const char* hook) const {
+    if (layer >= layout_.layer_count())
+      throw error(errc::hook_order, std::string(hook) + "(" + std::to_string(layer) + "): the state has only " +
+                                        std::to_string(layout_.layer_count()) + " layers");
+  }
+  std::string current_name() const { return last_step_ ? std::to_string(*last_step_ + 1) : "(first)"; }
+  int base() const { return st_.tag_base; }
+
+  void post_control() {
+    if (finished_) return;
+    if (index_ == 0) {
+      requests_.resize(roles_.clone_count());
+      got_.assign(roles_.clone_count(), std::nullopt);
+      for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
+        if (!requests_[j].posted()) requests_[j].post(comm_, roles_.clones[j], base() + tag_request, control_bytes);
+    } else if (!decision_.posted()) {
+      decision_.post(comm_, roles_.sources[0], base() + tag_decision, control_bytes);
+    }
+  }
+
+  void handle_control(std::uint64_t step) {
+    if (index_ != 0) {
+      auto b = decision_.test(comm_);
+      if (!b) return;
+      decision_msg d;
+      try {
+        d = decision_msg::decode(*b);
+      } catch (const error& e) {
+        last_error_ = failure{e.kind(), e.what()};
+        post_control();
+        return;
+      }
+      if (d.iteration <= step) {
+        // Too late to serve iteration k: tell the clone, which fails cleanly.
+        status_msg m;
+        m.session = d.session;
+        m.source_index = index_;
+        m.code = static_cast<std::uint32_t>(errc::fork_agreement);
+        m.reason = "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
+                   ") received the decision to fork at iteration " + std::to_string(d.iteration) +
+                   " only at the end of iteration " + std::to_string(step) + "; raise settings.fork_lead";
+        for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
+        last_error_ = failure{errc::fork_agreement, m.reason};
+        ++failed_;
+        post_control();
+        return;
+      }
+      start_session(d.session, d.iteration);
+      return;
+    }
+    // Coordinator: collect one request from every clone rank, then decide.
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
+      if (got_[j]) continue;
+      if (auto b = requests_[j].test(comm_)) {
+        try {
+          got_[j] = request_msg::decode(*b);
+        } catch (const error& e) {
+          last_error_ = failure{e.kind(), e.what()};
+          requests_[j].post(comm_, roles_.clones[j], base() + tag_request, control_bytes);
+        }
+      }
+    }
+    if (!std::all_of(got_.begin(), got_.end(), [](auto& g) { return g.has_value(); })) return;
+    decision_msg d;
+    d.key = plan_.key();
+    std::uint32_t offender = 0;
+    for (std::uint32_t j = 0; j < got_.size() && d.status == verdict::accepted; ++j) {
+      if (got_[j]->layout_fingerprint != layout_.fingerprint()) d.status = verdict::layout_differs, offender = j;
+      else if (!(got_[j]->key == plan_.key())) d.status = verdict::plan_differs, offender = j;
+    }
+    if (d.status != verdict::accepted) {
+      auto lay = layout_.encode();
+      d.layout_bytes = lay.size();
+      d.offending_clone = offender;
+      for (int c : roles_.clones) {
+        trailing_.send_owned(comm_, c, base() + tag_decision, d.encode());
+        trailing_.send_owned(comm_, c, base() + tag_layout, lay);
+      }
+      got_.assign(roles_.clone_count(), std::nullopt);
+      post_control();
+      return;
+    }
+    d.session = ++served_;
+    d.iteration = step + st_.fork_lead;
+    for (std::uint32_t i = 1; i < roles_.source_count(); ++i)
+      trailing_.send_owned(comm_, roles_.sources[i], base() + tag_decision, d.encode());
+    for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_decision, d.encode());
+    got_.assign(roles_.clone_count(), std::nullopt);
+    start_session(d.session, d.iteration);
+  }
+
+  void start_session(std::uint64_t id, std::uint64_t k) {
+    // The tensors must still be where (and as large as) they were at construction.
+    auto now = state_.describe();
+    if (!(now == layout_))
+      throw error(errc::layout_mismatch, "the source's state changed since the source was created: " +
+                                             first_difference(layout_, now, "then", "now").value_or("?"));
+    s_.emplace();
+    s_->id = id;
+    s_->k = k;
+    s_->layer_reqs.resize(layout_.layer_count());
+    s_->layer_sent.assign(layout_.layer_count(), false);
+    s_->cancels.resize(roles_.clone_count());
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
+      s_->cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
+    if constexpr (Pipeline::value == pipeline::kind::staged)
+      s_->staging.resize(static_cast<std::size_t>(std::max<std::uint64_t>(
+          std::min(st_.pipeline.staging_bytes, plan_.bytes_of_source(index_)), 1)));
+  }
+
+  /// Sends this source's groups of layer `l`: each piece straight from the tensor (or
+  /// from the staging ring) to every clone rank whose group holds it, in plan order, then
+  /// one header per group.
+  void send_layer(std::size_t l) {
+    auto& s = *s_;
+    s.layer_sent[l] = true;
+    auto groups = plan_.sent_by_source(index_, l);
+    if (groups.empty()) return;
+    std::map<std::uint32_t, std::vector<std::uint32_t>> holders;  // piece -> groups holding it
+    for (auto g : groups)
+      for (auto pi : plan_.groups()[g].pieces) holders[pi].push_back(g);
+    std::map<std::uint32_t, group_header> headers;
+    for (auto& [pi, gs] : holders) {  // increasing piece index = each group's wire order
+      auto& p = plan_.pieces()[pi];
+      std::span<const std::byte> src = state_.bytes(p.tensor).subspan(p.offset, p.length);
+      if constexpr (Pipeline::value == pipeline::kind::staged) {
+        src = stage(src);
+        if (!s_) return;  // the session failed while waiting for staging space
+      }
+      const std::uint64_t sum = Checksum::compute(src);
+      for (auto g : gs) {
+        int dest = roles_.clones[plan_.groups()[g].to];
+        auto r = s.out.send(comm_, dest, layer_tag(base(), l, false, false), src);
+        if constexpr (Pipeline::value == pipeline::kind::staged) s.ring.back().reqs.push_back(r);
+        else s.layer_reqs[l].push_back(r);
+        s.bytes_sent += p.length;
+        auto& h = headers.try_emplace(g, group_header{s.id, s.k, static_cast<std::uint32_t>(l), index_, {}}).first->second;
+        h.pieces.push_back({p.tensor, p.offset, p.length, sum});
+      }
+    }
+    for (auto& [g, h] : headers)
+      s.out.send_owned(comm_, roles_.clones[plan_.groups()[g].to], layer_tag(base(), l, false, true), h.encode());
+  }
+
+  /// Copies `src` into the staging ring (as its newest slot), first waiting for the
+  /// oldest staged sends to finish while the ring is full. Returns the staged bytes.
+  std::span<const std::byte> stage(std::span<const std::byte> src) {
+    auto& s = *s_;
+    const std::uint64_t cap = s.staging.size(), len = src.size();
+    if (len > cap) throw error(errc::invalid_argument, "a piece is larger than the staging buffer (plan was cut wrongly)");
+    for (;;) {
+      std::optional<std::uint64_t> at;
+      if (s.ring.empty()) {
+        at = 0;
+      } else {
+        auto first = s.ring.front().off, end = s.ring.back().off + s.ring.back().len;
+        if (end > first) {  // in use: [first, end)
+          if (cap - end >= len) at = end;
+          else if (first >= len) at = 0;
+        } else if (first - end >= len) {  // in use: [first, cap) and [0, end)
+          at = end;
+        }
+      }
+      if (at) {
+        std::memcpy(s.staging.data() + *at, src.data(), len);
+        s.ring.push_back({*at, len, {}});
+        return {s.staging.data() + *at, len};
+      }
+      if (!s.out.wait(comm_, s.ring.front().reqs, st_.timeout)) {
+        fail_session(errc::timeout, "staged sends did not complete within the timeout (staging ring full)");
+        return {};
+      }
+      s.ring.pop_front();
+    }
+  }
+
+  void send_metadata() {
+    auto& s = *s_;
+    metadata m = state_.metadata();
+    m.step = s.k;
+    s.meta = m.encode();
+    meta_header h{s.id, s.k, s.meta.size(), Checksum::compute(s.meta)};
+    for (int c : roles_.clones) {
+      s.out.send_owned(comm_, c, base() + tag_meta_header, h.encode());
+      s.out.send(comm_, c, base() + tag_meta, s.meta);
+    }
+  }
+
+  /// Tests outstanding sends, frees staging, and reacts to a clone's cancel.
+  void poll_session() {
+    auto& s = *s_;
+    s.out.poll(comm_);
+    if constexpr (Pipeline::value == pipeline::kind::staged)
+        while (!s.ring.empty() && std::all_of(s.ring.front().reqs.begin(), s.ring.front().reqs.end(),
+                                             [&](std::size_t r) { return s.out.done(comm_, r); }))
+        s.ring.pop_front();
+    for (auto& c : s.cancels)
+      if (auto b = c.test(comm_)) {
+        try {
+          auto m = cancel_msg::decode(*b);
+          if (m.session == s.id) {
+            drop_session(failure{errc::cancelled, "clone rank " + std::to_string(m.clone_index) + " cancelled session " +
+                                                      std::to_string(s.id)});
+            return;
+          }
+        } catch (const error&) {
+        }
+      }
+  }
+
+  void complete_session() {
+    auto& s = *s_;
+    status_msg m;
+    m.session = s.id;
+    m.source_index = index_;
+    m.bytes_sent = s.bytes_sent;
+    m.hook_s = s.hook_s;
+    m.fork_iterations = static_cast<std::uint32_t>(s.fork_durations.size());
+    m.normal_iteration_s = median(normal_);
+    double fork = 0;
+    for (double d : s.fork_durations) fork += d;
+    m.overhead_s = std::isnan(m.normal_iteration_s) || s.fork_durations.empty()
+                       ? NAN
+                       : fork - static_cast<double>(s.fork_durations.size()) * m.normal_iteration_s;
+    for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
+    ++completed_;
+    end_session();
+  }
+
+  void fail_session(errc code, const std::string& why) {
+    if (!s_) return;
+    status_msg m;
+    m.session = s_->id;
+    m.source_index = index_;
+    m.code = static_cast<std::uint32_t>(code);
+    m.reason = why;
+    for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
+    drop_session(failure{code, why});
+  }
+
+  void drop_session(failure f) {
+    last_error_ = std::move(f);
+    ++failed_;
+    end_session();
+  }
+
+  void end_session() {
+    s_->out.cancel_all(comm_);
+    for (auto& c : s_->cancels) c.cancel(comm_);
+    s_.reset();
+    post_control();
+  }
+
+  static double median(const std::deque<double>& v) {
+    if (v.empty()) return NAN;
+    std::vector<double> x(v.begin(), v.end());
+    std::nth_element(x.begin(), x.begin() + static_cast<long>(x.size() / 2), x.end());
+    return x[x.size() / 2];
+  }
+
+  Comm& comm_;
+  deepclone::roles roles_;
+  deepclone::state<T>& state_;
+  settings_t st_;
+  std::uint32_t index_ = 0;
+  deepclone::layout layout_;
+  deepclone::plan plan_;
+  std::vector<std::uint64_t> updated_;  // generation in which each layer was last updated
+  std::uint64_t generation_ = 1;
+  long open_ = -1;
+  std::optional<std::uint64_t> last_step_;
+  std::optional<clock::time_point> last_end_;
+  std::deque<double> normal_;
+  std::optional<session> s_;
+  std::vector<inbox_slot<Comm>> requests_;        // coordinator: one per clone rank
+  std::vector<std::optional<request_msg>> got_;
+  inbox_slot<Comm> decision_;                     // other sources
+  outbox<Comm> trailing_;                         // control messages outliving sessions
+  std::uint64_t served_ = 0, completed_ = 0, failed_ = 0;
+  std::optional<failure> last_error_;
+  bool finished_ = false;
+};
+
+}  // namespace deepclone::detail
