@@ -31,3 +31,57 @@ if(fmt_FOUND AND EXISTS ${deepclone_integration_dir}/fmt.hpp)
 else()
   set(DEEPCLONE_HAVE_FMT OFF)
 endif()
+
+# --- Thrust on the CPU, and CUDA (integrations/thrust.hpp, integrations/cuda.hpp) --------
+# deepclone::thrust_cpp: a host copy of Thrust (Debian's libthrust-dev in /usr/include) on
+# its CPP back-end, so the Thrust code paths build and run without a GPU. find_package(Thrust)
+# is avoided on purpose: it may find CUDA's CCCL copy first, which only works under nvcc.
+find_path(DEEPCLONE_THRUST_INCLUDE_DIR NAMES thrust/version.h PATHS /usr/include /usr/local/include
+          DOC "include directory of a host Thrust (not CUDA's cccl copy)")
+if(DEEPCLONE_THRUST_INCLUDE_DIR AND NOT DEEPCLONE_THRUST_INCLUDE_DIR MATCHES "cccl|/cuda")
+  add_library(deepclone_thrust_cpp INTERFACE)
+  add_library(deepclone::thrust_cpp ALIAS deepclone_thrust_cpp)
+  set_target_properties(deepclone_thrust_cpp PROPERTIES EXPORT_NAME thrust_cpp)
+  target_include_directories(deepclone_thrust_cpp SYSTEM INTERFACE ${DEEPCLONE_THRUST_INCLUDE_DIR})
+  target_compile_definitions(deepclone_thrust_cpp INTERFACE THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP)
+  target_link_libraries(deepclone_thrust_cpp INTERFACE deepclone)
+  set(DEEPCLONE_HAVE_THRUST_CPP ON)
+  message(STATUS "deepclone: host Thrust found in ${DEEPCLONE_THRUST_INCLUDE_DIR} (CPP back-end)")
+else()
+  set(DEEPCLONE_HAVE_THRUST_CPP OFF)
+  message(STATUS "deepclone: no host Thrust found; the Thrust CPU tests are skipped")
+endif()
+
+# deepclone::cuda: the CUDA runtime (cudart) for integrations/cuda.hpp; with nvcc, the
+# CUDA Thrust of the toolkit too. The CUDA language (nvcc) is only enabled to build the
+# CUDA tests and example, and only when a CUDA compiler is found: without one, configuring
+# succeeds and says the CUDA parts are skipped.
+option(DEEPCLONE_CUDA "Build deepclone's CUDA tests and example when a CUDA compiler is found" ${deepclone_IS_TOP_LEVEL})
+set(DEEPCLONE_HAVE_CUDA OFF)
+if(DEEPCLONE_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)  # H100/H200; one architecture keeps nvcc fast
+    endif()
+    enable_language(CUDA)
+    if(CMAKE_VERSION VERSION_LESS 3.26)  # CMake 3.25 does not know nvcc's C++20 flag
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    find_package(CUDAToolkit)
+    if(CUDAToolkit_FOUND)
+      add_library(deepclone_cuda INTERFACE)
+      add_library(deepclone::cuda ALIAS deepclone_cuda)
+      set_target_properties(deepclone_cuda PROPERTIES EXPORT_NAME cuda)
+      target_link_libraries(deepclone_cuda INTERFACE deepclone CUDA::cudart)
+      set(DEEPCLONE_HAVE_CUDA ON)
+      message(STATUS "deepclone: CUDA ${CMAKE_CUDA_COMPILER_VERSION} found; CUDA tests and example are built "
+                     "for architectures ${CMAKE_CUDA_ARCHITECTURES}")
+    endif()
+  endif()
+endif()
+if(NOT DEEPCLONE_HAVE_CUDA)
+  message(STATUS "deepclone: no CUDA compiler (nvcc) found or DEEPCLONE_CUDA=OFF; the CUDA tests and example are skipped")
+endif()

@@ -11,6 +11,7 @@
 /// returning pieces that cover every byte of every tensor exactly once, `owner` unset.
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "error.hpp"
@@ -26,7 +27,7 @@ inline void whole(const layout& l, std::uint32_t t, std::uint32_t source, std::v
 }  // namespace detail
 
 /// The paper's scheme, improved: tensors of at least `threshold` bytes are split evenly
-/// over all N sources (element- and alignment-aligned, remainders rotated); smaller ones go
+/// over all N sources (element- and alignment-aligned, longest part to the least-loaded source); smaller ones go
 /// whole to the least-loaded source, largest first (the paper sends them round-robin).
 /// Bound: bytes per source <= S/N + largest unsplit tensor + one granule.
 struct split_even {
@@ -39,7 +40,6 @@ struct split_even {
     std::vector<piece> out;
     std::vector<std::uint64_t> loads(n, 0);
     std::vector<std::pair<std::uint32_t, std::uint64_t>> small;
-    std::uint64_t rotate = 0;
     for (std::uint32_t t = 0; t < l.tensor_count(); ++t) {
       auto& d = l.tensor(t);
       if (d.bytes == 0) continue;
@@ -48,11 +48,22 @@ struct split_even {
         continue;
       }
       auto g = granule(d, alignment);
-      auto parts = split_range(d.bytes, n, g, rotate);
-      rotate += ((d.bytes + g - 1) / g) % n;
-      for (std::uint32_t s = 0; s < parts.size(); ++s) {
-        out.push_back({t, static_cast<std::uint32_t>(l.layer_of(t)), parts[s].first, parts[s].second, s, piece::all_clones});
-        loads[s] += parts[s].second;
+      // rotate = n-1 gives the short last range an extra granule when there are extras, so
+      // all parts are within one granule of each other; the longest part then goes to the
+      // least-loaded source, which keeps every load within one granule of the others (a
+      // fixed part -> source mapping let the short tails pile up on one source).
+      auto parts = split_range(d.bytes, n, g, n - 1);
+      std::vector<std::uint32_t> by_load(n);
+      std::iota(by_load.begin(), by_load.end(), 0u);
+      std::stable_sort(by_load.begin(), by_load.end(), [&](auto a, auto b) { return loads[a] < loads[b]; });
+      std::vector<std::size_t> by_len(parts.size());
+      std::iota(by_len.begin(), by_len.end(), std::size_t{0});
+      std::stable_sort(by_len.begin(), by_len.end(), [&](auto a, auto b) { return parts[a].second > parts[b].second; });
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        auto [off, len] = parts[by_len[i]];
+        const std::uint32_t s = by_load[i];
+        out.push_back({t, static_cast<std::uint32_t>(l.layer_of(t)), off, len, s, piece::all_clones});
+        loads[s] += len;
       }
     }
     auto bins = deepclone::detail::lpt_assign(small, loads);

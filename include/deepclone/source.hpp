@@ -24,6 +24,22 @@
 
 namespace deepclone::detail {
 
+/// Optional part of a staged pipeline policy (e.g. `cuda::staged_device`): it provides the
+/// staging ring's memory (e.g. pinned) and the copy into it, and so may accept tensors
+/// outside host memory. `copy` returns once `to` holds the bytes.
+template <class P>
+concept staging_provider = requires(P& p, const P& cp, memory_space m, std::size_t n, std::span<std::byte> to,
+                                    std::span<const std::byte> from) {
+  { cp.moves(m) } -> std::convertible_to<bool>;
+  { p.staging(n) } -> std::same_as<std::span<std::byte>>;
+  { p.copy(to, from, m) } -> std::same_as<void>;
+};
+template <class P>
+bool pipeline_moves(const P& p, memory_space m) {
+  if constexpr (staging_provider<P>) return p.moves(m);
+  else return m == memory_space::host;
+}
+
 template <class Engine, tensor T>
 class source_engine {
   using Comm = typename Engine::comm_type;
@@ -47,7 +63,7 @@ class source_engine {
     plan_ = Engine::make_plan(layout_, roles_, st_);
     check_tag_space(comm_, st_.tag_base, layout_.layer_count());
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
-      if (state_.space(t) != memory_space::host)
+      if (!pipeline_moves(st_.pipeline, state_.space(t)))
         throw error(errc::unsupported, "tensor '" + layout_.tensor(t).name +
                                            "' lives in device memory: the core engine sends host memory; use a device pipeline");
     updated_.assign(layout_.layer_count(), 0);
@@ -186,6 +202,7 @@ class source_engine {
     std::vector<bool> layer_sent;
     std::vector<std::byte> meta;       // encoded metadata of iteration k
     std::vector<std::byte> staging;    // staged pipeline ring
+    std::span<std::byte> stage_mem;    // the ring's memory: `staging`, or the policy's
     struct slot { std::uint64_t off, len; std::vector<std::size_t> reqs; };
     std::deque<slot> ring;
     std::vector<inbox_slot<Comm>> cancels;
@@ -313,9 +330,14 @@ class source_engine {
     s_->cancels.resize(roles_.clone_count());
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
       s_->cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
-    if constexpr (Pipeline::value == pipeline::kind::staged)
-      s_->staging.resize(static_cast<std::size_t>(std::max<std::uint64_t>(
-          std::min(st_.pipeline.staging_bytes, plan_.bytes_of_source(index_)), 1)));
+    if constexpr (Pipeline::value == pipeline::kind::staged) {
+      auto n = static_cast<std::size_t>(std::max<std::uint64_t>(std::min(st_.pipeline.staging_bytes, plan_.bytes_of_source(index_)), 1));
+      if constexpr (staging_provider<Pipeline>) s_->stage_mem = st_.pipeline.staging(n);
+      else {
+        s_->staging.resize(n);
+        s_->stage_mem = s_->staging;
+      }
+    }
   }
 
   /// Sends this source's groups of layer `l`: each piece straight from the tensor (or
@@ -334,7 +356,7 @@ class source_engine {
       auto& p = plan_.pieces()[pi];
       std::span<const std::byte> src = state_.bytes(p.tensor).subspan(p.offset, p.length);
       if constexpr (Pipeline::value == pipeline::kind::staged) {
-        src = stage(src);
+        src = stage(src, state_.space(p.tensor));
         if (!s_) return;  // the session failed while waiting for staging space
       }
       const std::uint64_t sum = Checksum::compute(src);
@@ -354,9 +376,9 @@ class source_engine {
 
   /// Copies `src` into the staging ring (as its newest slot), first waiting for the
   /// oldest staged sends to finish while the ring is full. Returns the staged bytes.
-  std::span<const std::byte> stage(std::span<const std::byte> src) {
+  std::span<const std::byte> stage(std::span<const std::byte> src, memory_space from) {
     auto& s = *s_;
-    const std::uint64_t cap = s.staging.size(), len = src.size();
+    const std::uint64_t cap = s.stage_mem.size(), len = src.size();
     if (len > cap) throw error(errc::invalid_argument, "a piece is larger than the staging buffer (plan was cut wrongly)");
     for (;;) {
       std::optional<std::uint64_t> at;
@@ -372,9 +394,10 @@ class source_engine {
         }
       }
       if (at) {
-        std::memcpy(s.staging.data() + *at, src.data(), len);
+        if constexpr (staging_provider<Pipeline>) st_.pipeline.copy(s.stage_mem.subspan(*at, len), src, from);
+        else std::memcpy(s.stage_mem.data() + *at, src.data(), len);
         s.ring.push_back({*at, len, {}});
-        return {s.staging.data() + *at, len};
+        return {s.stage_mem.data() + *at, len};
       }
       if (!s.out.wait(comm_, s.ring.front().reqs, st_.timeout)) {
         fail_session(errc::timeout, "staged sends did not complete within the timeout (staging ring full)");

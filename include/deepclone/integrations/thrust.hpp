@@ -1,0 +1,202 @@
+#pragma once
+/// \file integrations/thrust.hpp
+/// Device-side work written once with Thrust: it runs on Thrust's CUDA back-end on a GPU
+/// (compile with nvcc) and on its CPP/OMP back-ends on the CPU (compile with any C++20
+/// compiler and -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP or _OMP).
+///
+///   - `thrust_checksum(ptr, bytes, policy)`: `checksum::mix64::compute` of bytes that live
+///     where `policy` runs (device memory on the CUDA back-end), as one transform-reduce.
+///     The value is bit for bit the host's, so a clone can verify a piece on the device.
+///   - `segment`, `pack`, `unpack`, `shard_segments`: a shard that spans several tensors
+///     gathered into one contiguous buffer (and scattered back) with Thrust copies.
+///   - tensor adapters: `thrust::device_vector<T>` (memory_space::device when Thrust's
+///     device system is CUDA, host otherwise) and `device_view(ptr, n)` for a raw device
+///     pointer plus a length (a `raw_view` tagged memory_space::device).
+///
+/// Opt-in: include this header and link `deepclone::thrust_cpp` (CPU back-end) or
+/// `deepclone::cuda` (nvcc). The core never includes it.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include <thrust/copy.h>
+#include <thrust/device_ptr.h>
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+#include <thrust/functional.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/transform_reduce.h>
+
+#include "../checksum.hpp"
+#include "../plan.hpp"
+#include "../state.hpp"
+#include "../tensor.hpp"
+
+#if defined(__CUDACC__)
+#define DEEPCLONE_HD __host__ __device__
+#else
+#define DEEPCLONE_HD
+#endif
+
+namespace deepclone {
+
+/// The memory space of Thrust's device system in this translation unit.
+inline constexpr memory_space thrust_device_space =
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+    memory_space::device;
+#else
+    memory_space::host;
+#endif
+
+namespace detail {
+
+/// `checksum::mix64::term`, callable on a device (the core's is host-only constexpr and
+/// must not depend on CUDA). The static_asserts below prove at compile time that the two
+/// are the same function on sample inputs; the tests prove it on real data.
+DEEPCLONE_HD constexpr std::uint64_t mix64_term(std::uint64_t word, std::uint64_t index) noexcept {
+  std::uint64_t x = word ^ (index * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull);
+  x ^= x >> 32;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 32;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 32;
+  return x;
+}
+static_assert(mix64_term(0, 0) == checksum::mix64::term(0, 0));
+static_assert(mix64_term(0x0123456789ABCDEFull, 7) == checksum::mix64::term(0x0123456789ABCDEFull, 7));
+static_assert(mix64_term(~0ull, ~0ull) == checksum::mix64::term(~0ull, ~0ull));
+
+/// term(word i, i) for word i of [p, p + bytes); the tail word is zero-padded
+/// little-endian, as on the host.
+struct mix64_word_term {
+  const unsigned char* p;
+  std::uint64_t bytes;
+  DEEPCLONE_HD std::uint64_t operator()(std::uint64_t i) const {
+    const std::uint64_t at = i * 8;
+    std::uint64_t w = 0;
+    if (at + 8 <= bytes && (reinterpret_cast<std::uintptr_t>(p) & 7u) == 0) {
+      w = *reinterpret_cast<const std::uint64_t*>(p + at);  // aligned: one load (little-endian targets)
+    } else {
+      const std::uint64_t n = bytes - at < 8 ? bytes - at : 8;
+      for (std::uint64_t k = 0; k < n; ++k) w |= static_cast<std::uint64_t>(p[at + k]) << (8 * k);
+    }
+    return mix64_term(w, i);
+  }
+};
+
+}  // namespace detail
+
+/// `checksum::mix64::compute` of the `bytes` bytes at `data`, computed where `policy`
+/// runs: `thrust::device` (device memory on the CUDA back-end), `thrust::cuda::par.on(s)`
+/// for a stream, `thrust::host`, ... Equal to the host computation on the same bytes.
+template <class Policy>
+std::uint64_t thrust_checksum(const void* data, std::size_t bytes, Policy&& policy) {
+  const std::uint64_t words = (bytes + 7) / 8;
+  std::uint64_t sum = 0;
+  if (words != 0)
+    sum = thrust::transform_reduce(policy, thrust::counting_iterator<std::uint64_t>(0),
+                                   thrust::counting_iterator<std::uint64_t>(words),
+                                   detail::mix64_word_term{static_cast<const unsigned char*>(data), bytes},
+                                   std::uint64_t{0}, thrust::plus<std::uint64_t>());
+  return checksum::mix64::finish(sum, bytes);
+}
+/// Same, on Thrust's device system.
+inline std::uint64_t thrust_checksum(const void* data, std::size_t bytes) {
+  return thrust_checksum(data, bytes, thrust::device);
+}
+
+/// Checksum policy for the engine that computes mix64 with Thrust (same id and value as
+/// `checksum::mix64`, so sources and clones may mix the two).
+template <class Policy = decltype(thrust::device)>
+struct thrust_mix64 {
+  static constexpr std::uint32_t id = checksum::mix64::id;
+  static constexpr const char* name = "mix64";
+  static std::uint64_t compute(std::span<const std::byte> b) noexcept {
+    try {
+      return thrust_checksum(b.data(), b.size(), Policy{});
+    } catch (...) {
+      return ~checksum::mix64::compute(b);  // cannot happen on the CPU back-ends; never verifies on failure
+    }
+  }
+};
+
+// --- Packing a shard that spans several tensors -----------------------------------------
+
+/// A byte range of one tensor: `length` bytes at `data + offset` (device or host address,
+/// wherever the Thrust policy in use runs).
+struct segment {
+  std::byte* data = nullptr;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+/// Total bytes of `segs`.
+inline std::uint64_t packed_size(std::span<const segment> segs) noexcept {
+  std::uint64_t n = 0;
+  for (auto& s : segs) n += s.length;
+  return n;
+}
+
+/// Gathers `segs`, in order, into the contiguous buffer `out` (at least packed_size bytes).
+/// Returns the number of bytes written. Copies are enqueued on `policy` (e.g. a stream).
+template <class Policy>
+std::uint64_t pack(Policy&& policy, std::span<const segment> segs, std::byte* out) {
+  std::uint64_t at = 0;
+  for (auto& s : segs) {
+    auto* src = reinterpret_cast<const unsigned char*>(s.data + s.offset);
+    thrust::copy(policy, src, src + s.length, reinterpret_cast<unsigned char*>(out + at));
+    at += s.length;
+  }
+  return at;
+}
+/// Scatters the contiguous buffer `in` back into `segs`, in order (the inverse of pack).
+template <class Policy>
+std::uint64_t unpack(Policy&& policy, const std::byte* in, std::span<const segment> segs) {
+  std::uint64_t at = 0;
+  for (auto& s : segs) {
+    auto* src = reinterpret_cast<const unsigned char*>(in + at);
+    thrust::copy(policy, src, src + s.length, reinterpret_cast<unsigned char*>(s.data + s.offset));
+    at += s.length;
+  }
+  return at;
+}
+
+/// The segments source `source` sends for layer `layer` under `p`, in the plan's piece
+/// order, read from `st`'s tensors: what `pack` gathers into one staging buffer.
+template <tensor T>
+std::vector<segment> shard_segments(const plan& p, state<T>& st, std::uint32_t source, std::size_t layer) {
+  std::vector<segment> out;
+  for (auto& q : p.pieces())
+    if (q.source == source && q.layer == layer) out.push_back({st.bytes(q.tensor).data(), q.offset, q.length});
+  return out;
+}
+
+// --- Tensor adapters ----------------------------------------------------------------------
+
+/// A raw device pointer plus a length, as a tensor (the bytes stay where they are).
+template <tensor_element T>
+raw_view<T> device_view(T* data, std::size_t count, std::vector<std::int64_t> shape = {}) {
+  return raw_view<T>(data, count, std::move(shape), memory_space::device);
+}
+template <tensor_element T>
+raw_view<T> device_view(thrust::device_ptr<T> data, std::size_t count, std::vector<std::int64_t> shape = {}) {
+  return raw_view<T>(thrust::raw_pointer_cast(data), count, std::move(shape), thrust_device_space);
+}
+
+/// `thrust::device_vector<T>`: its bytes live in Thrust's device system (device memory on
+/// the CUDA back-end, host memory on CPP/OMP). Resizing it while an engine holds it is not
+/// allowed (the address must stay put).
+template <tensor_element T, class A>
+struct tensor_traits<thrust::device_vector<T, A>> {
+  static std::byte* data(thrust::device_vector<T, A>& v) {
+    return reinterpret_cast<std::byte*>(thrust::raw_pointer_cast(v.data()));
+  }
+  static std::size_t size_bytes(const thrust::device_vector<T, A>& v) { return v.size() * sizeof(T); }
+  static dtype element_type(const thrust::device_vector<T, A>&) { return element_dtype<T>::value; }
+  static memory_space space(const thrust::device_vector<T, A>&) { return thrust_device_space; }
+};
+
+}  // namespace deepclone
