@@ -53,6 +53,7 @@ class clone_engine {
     abandon();
     layout_ = state_.describe();
     session_ = 0;
+    summary_sent_ = false;
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
       if (state_.space(t) != memory_space::host)
         throw error(errc::unsupported, "clone tensor '" + layout_.tensor(t).name + "' lives in device memory: the core engine receives into host memory");
@@ -73,6 +74,7 @@ class clone_engine {
     if (phase_ == phase::idle) throw error(errc::not_ready, "clone rank " + std::to_string(index_) + ": no request() was made");
     if (phase_ == phase::failed) throw error(failure_->code, failure_->what);
     progress();
+    send_summary();
     return phase_ == phase::complete;
   }
   bool ready() { return poll(); }
@@ -135,6 +137,7 @@ class clone_engine {
     r.agreement_s = agreement_s_;
     r.readiness_s = readiness_s_;
     r.standby_s = standby_s_;
+    r.refetched_groups = refetches_;
     r.layer_ready_s.resize(ready_at_.size());
     for (std::size_t l = 0; l < ready_at_.size(); ++l) r.layer_ready_s[l] = *ready_at_[l];
     r.first_layer_s = ready_at_.empty() ? readiness_s_ : r.layer_ready_s[0];
@@ -155,8 +158,12 @@ class clone_engine {
  private:
   enum class phase { idle, requested, refused, receiving, complete, failed };
 
+  static constexpr std::uint32_t original = ~std::uint32_t{0};
+
   struct inbound {
     std::uint32_t group;
+    std::uint32_t refetch_from = original;  ///< source index serving it again, if refetched
+    std::vector<char> tried;                ///< sources that could not deliver it intact
     std::vector<std::byte> header;
     request_t header_req;
     bool header_done = false;
@@ -177,11 +184,19 @@ class clone_engine {
     auto t0 = clock::now();
     idler<Comm> idle(comm_);
     auto deadline = t0 + st_.timeout;
+    auto stall_check = t0 + st_.failover_after;
     try {
       for (;;) {
         idle.mark();
-        if (progress()) deadline = clock::now() + st_.timeout;
+        if (progress()) {
+          deadline = clock::now() + st_.timeout;
+          stall_check = clock::now() + st_.failover_after;
+        }
         if (pred()) break;
+        if (phase_ == phase::receiving && clock::now() >= stall_check) {
+          failover_stalled();
+          stall_check = clock::now() + st_.failover_after;
+        }
         if (clock::now() >= deadline) fail(errc::timeout, "clone rank " + std::to_string(index_) + ": nothing arrived for " +
                                                               std::to_string(std::chrono::duration<double>(st_.timeout).count()) +
                                                               " s; still missing: " + missing());
@@ -191,7 +206,9 @@ class clone_engine {
       if (count_standby) standby_s_ += seconds_since(t0);
       throw;
     }
-    if (count_standby) standby_s_ += seconds_since(t0);
+    // Blocked time counts until the state was complete, not until this call noticed.
+    if (count_standby) standby_s_ += seconds_since(t0, phase_ == phase::complete ? std::max(t0, t_complete_) : clock::now());
+    send_summary();
   }
 
   /// One round of progress; true if anything happened.
@@ -202,6 +219,9 @@ class clone_engine {
         any = true;
         auto d = decode_or_fail<decision_msg>(*b);
         if (d.status == verdict::accepted) begin(d);
+        else if (d.status == verdict::stopped)
+          fail(errc::source_failed, "the sources finished training (last step " + std::to_string(d.iteration) +
+                                        ") before they could serve this clone's request");
         else {
           refusal_ = d;
           source_layout_.post(comm_, roles_.sources[0], st_.tag_base + tag_layout, static_cast<std::size_t>(d.layout_bytes));
@@ -243,15 +263,15 @@ class clone_engine {
       if (pending_[l] == 0 && (!Reconstruct::exchanges || std::all_of(fwd_of_[l].begin(), fwd_of_[l].end(),
                                                                         [&](std::size_t r) { return fwd_.done(comm_, r); }))) {
         ready_at_[l] = seconds_since(t_request_);
+        unacked_.push_back(static_cast<std::uint32_t>(l));
         any = true;
       }
     }
+    send_acks();
     if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); })) {
-      readiness_s_ = seconds_since(t_request_);
+      t_complete_ = clock::now();
+      readiness_s_ = seconds_since(t_request_, t_complete_);
       phase_ = phase::complete;
-      auto s = my_summary().encode();
-      for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
-        if (j != index_) ctl_.send_owned(comm_, roles_.clones[j], st_.tag_base + tag_summary, s);
       poll_statuses();
     }
     return any;
@@ -271,35 +291,160 @@ class clone_engine {
     return any;
   }
 
+  /// Checks a complete group against the plan and its header. A group that fails is asked
+  /// again from another source (every source holds every byte); only when no source can
+  /// deliver it intact does the clone fail.
   void verify(inbound& in) {
     auto& g = plan_.groups()[in.group];
-    auto h = decode_or_fail<group_header>(in.header);
-    std::string from = g.exchange ? "clone rank " + std::to_string(roles_.clones[g.from])
-                                  : "source " + std::to_string(g.from) + " (rank " + std::to_string(roles_.sources[g.from]) + ")";
-    std::string where = "layer " + std::to_string(g.layer) + " ('" + layout_.layers()[g.layer].name + "') from " + from;
-    if (h.session != session_ || h.iteration != k_ || h.layer != g.layer || h.from != g.from || h.pieces.size() != g.pieces.size())
-      fail(errc::corrupt_message, where + ": header names session " + std::to_string(h.session) + ", iteration " +
-                                      std::to_string(h.iteration) + ", layer " + std::to_string(h.layer) + ", " +
-                                      std::to_string(h.pieces.size()) + " pieces; expected session " + std::to_string(session_) +
-                                      ", iteration " + std::to_string(k_) + ", " + std::to_string(g.pieces.size()) + " pieces");
+    const bool refetched = in.refetch_from != original;
+    std::string where = "layer " + std::to_string(g.layer) + " ('" + layout_.layers()[g.layer].name + "') from " + sender_name(in);
+    if (auto problem = check(in)) {
+      refetch(in, where + ": " + *problem);
+      return;
+    }
+    in.verified = true;
+    (g.exchange && !refetched ? from_clones_ : from_sources_) += g.bytes;
+    if (!g.exchange || refetched) any_source_delivered_ = true;
+    --pending_[g.layer];
+    if (!g.exchange && Reconstruct::exchanges) --owned_pending_[g.layer];
+    // Forget the request objects now: nothing of this group is outstanding.
+    in.data.clear();
+    in.header.clear();
+  }
+
+  /// What is wrong with a complete group, if anything. Records the verified checksums.
+  std::optional<std::string> check(inbound& in) {
+    auto& g = plan_.groups()[in.group];
+    group_header h;
+    try {
+      h = group_header::decode(in.header);
+    } catch (const error& e) {
+      return std::string(e.what());
+    }
+    const std::uint32_t from = in.refetch_from != original ? in.refetch_from : g.from;
+    if (in.refetch_from != original && h.pieces.empty() && !g.pieces.empty())
+      return "source " + std::to_string(from) + " no longer holds iteration " + std::to_string(k_) + " of this layer";
+    if (h.session != session_ || h.iteration != k_ || h.layer != g.layer || h.from != from || h.pieces.size() != g.pieces.size())
+      return "header names session " + std::to_string(h.session) + ", iteration " + std::to_string(h.iteration) + ", layer " +
+             std::to_string(h.layer) + ", " + std::to_string(h.pieces.size()) + " pieces; expected session " +
+             std::to_string(session_) + ", iteration " + std::to_string(k_) + ", " + std::to_string(g.pieces.size()) + " pieces";
     for (std::size_t i = 0; i < g.pieces.size(); ++i) {
       auto& p = plan_.pieces()[g.pieces[i]];
       auto& c = h.pieces[i];
       std::string range = "tensor '" + layout_.tensor(p.tensor).name + "' bytes [" + std::to_string(p.offset) + ", " +
                           std::to_string(p.offset + p.length) + ")";
       if (c.tensor != p.tensor || c.offset != p.offset || c.length != p.length)
-        fail(errc::corrupt_message, where + ": header describes a different piece than the plan's " + range);
+        return "header describes a different piece than the plan's " + range;
       auto sum = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
-      if (sum != c.checksum) fail(errc::corrupt_message, where + ": " + range + " failed its checksum at iteration " + std::to_string(k_));
+      if (sum != c.checksum) return range + " failed its checksum at iteration " + std::to_string(k_);
       sums_[g.pieces[i]] = sum;
     }
-    in.verified = true;
-    (g.exchange ? from_clones_ : from_sources_) += g.bytes;
-    --pending_[g.layer];
-    if (!g.exchange && Reconstruct::exchanges) --owned_pending_[g.layer];
-    // Forget the request objects now: nothing of this group is outstanding.
+    return std::nullopt;
+  }
+
+  std::string sender_name(const inbound& in) const {
+    auto& g = plan_.groups()[in.group];
+    if (in.refetch_from != original)
+      return "source " + std::to_string(in.refetch_from) + " (rank " + std::to_string(roles_.sources[in.refetch_from]) + ", refetch)";
+    return g.exchange ? "clone rank " + std::to_string(roles_.clones[g.from])
+                      : "source " + std::to_string(g.from) + " (rank " + std::to_string(roles_.sources[g.from]) + ")";
+  }
+
+  /// The source currently expected to deliver `in`, if a source.
+  std::optional<std::uint32_t> source_of(const inbound& in) const {
+    if (in.refetch_from != original) return in.refetch_from;
+    auto& g = plan_.groups()[in.group];
+    if (g.exchange) return std::nullopt;
+    return g.from;
+  }
+
+  /// Withdraws `in`'s receives and asks the next source that has not failed it for the
+  /// group again. Fails the clone when every source was tried.
+  void refetch(inbound& in, const std::string& why) {
+    auto& g = plan_.groups()[in.group];
+    if (auto s = source_of(in)) in.tried[*s] = 1;
+    withdraw(in);
+    const std::uint32_t n = roles_.source_count();
+    const std::uint32_t first = g.exchange ? index_ % n : (g.from + 1) % n;
+    std::optional<std::uint32_t> next;
+    for (std::uint32_t i = 0; i < n && !next; ++i) {
+      auto s = (first + i) % n;
+      if (!in.tried[s] && !failed_[s]) next = s;
+    }
+    if (!next)
+      fail(any_corruption(why) ? errc::corrupt_message : errc::source_failed,
+           why + "; no other source could deliver it (tried " + std::to_string(n) + ")");
+    refetch_msg m{session_, index_, in.group};
+    ctl_.send_owned(comm_, roles_.sources[*next], st_.tag_base + tag_refetch, m.encode());
+    const int from = roles_.sources[*next];
+    in.refetch_from = *next;
+    in.header.assign(group_header::size_for(g.pieces.size()), std::byte{0});
+    in.header_done = false;
+    in.header_req = comm_.irecv(from, st_.tag_base + tag_refetch_header, in.header);
     in.data.clear();
-    in.header.clear();
+    for (auto pi : g.pieces) {
+      auto& p = plan_.pieces()[pi];
+      in.data.push_back(comm_.irecv(from, st_.tag_base + tag_refetch_data, state_.bytes(p.tensor).subspan(p.offset, p.length)));
+    }
+    in.done.assign(in.data.size(), false);
+    in.data_done = 0;
+    ++refetches_;
+  }
+  static bool any_corruption(const std::string& why) {
+    return why.find("checksum") != std::string::npos || why.find("header") != std::string::npos ||
+           why.find("message") != std::string::npos;
+  }
+
+  /// Cancels `in`'s outstanding receives (the bytes already written stay unverified).
+  void withdraw(inbound& in) noexcept {
+    if (!in.header_done) try { comm_.cancel(in.header_req); } catch (...) {}
+    for (std::size_t i = 0; i < in.data.size(); ++i)
+      if (!in.done[i]) try { comm_.cancel(in.data[i]); } catch (...) {}
+    in.header_done = true;
+    std::fill(in.done.begin(), in.done.end(), true);
+  }
+
+  /// A source reported it cannot deliver: its groups are asked from the others.
+  void source_failed(std::uint32_t s, const std::string& why) {
+    if (failed_[s]) return;
+    failed_[s] = 1;
+    for (auto& in : inbound_)
+      if (!in.verified && source_of(in) == s) refetch(in, "source " + std::to_string(s) + " (rank " +
+                                                             std::to_string(roles_.sources[s]) + ") failed: " + why);
+  }
+
+  /// Nothing arrived for `settings.failover_after` while other sources did deliver: the
+  /// silent senders are presumed failed (and told to stop), their groups asked elsewhere.
+  void failover_stalled() {
+    if (!any_source_delivered_) return;  // all sources quiet: they may just not be at k yet
+    // Only sources are presumed failed: a clone rank that does not forward fails the whole
+    // clone by timeout (the clone group is one unit), since withdrawing its forward would
+    // leave its send pending.
+    std::vector<char> silent(roles_.source_count(), 0);
+    for (auto& in : inbound_)
+      if (!in.verified)
+        if (auto s = source_of(in)) silent[*s] = 1;
+    cancel_msg m{session_, index_};
+    for (std::uint32_t s = 0; s < silent.size(); ++s)
+      if (silent[s]) {
+        ctl_.send_owned(comm_, roles_.sources[s], st_.tag_base + tag_cancel, m.encode());
+        source_failed(s, "nothing arrived from it for " +
+                             std::to_string(std::chrono::duration<double>(st_.failover_after).count()) + " s");
+      }
+  }
+
+  /// Tells every source which layers are now verified here (their windows may close).
+  void send_acks() {
+    while (!unacked_.empty()) {
+      ack_msg m{session_, index_, {}};
+      while (!unacked_.empty() && m.layers.size() < ack_msg::max_layers) {
+        m.layers.push_back(unacked_.back());
+        unacked_.pop_back();
+      }
+      auto b = m.encode();
+      for (std::uint32_t s = 0; s < roles_.source_count(); ++s)
+        if (!failed_[s]) ctl_.send_owned(comm_, roles_.sources[s], st_.tag_base + tag_ack, b);
+    }
   }
 
   void post_forwards(std::size_t l) {
@@ -331,6 +476,10 @@ class clone_engine {
     fwd_of_.assign(L, {});
     sums_.assign(plan_.pieces().size(), 0);
     from_sources_ = from_clones_ = 0;
+    failed_.assign(roles_.source_count(), 0);
+    unacked_.clear();
+    refetches_ = 0;
+    any_source_delivered_ = false;
     statuses_.assign(roles_.source_count(), std::nullopt);
     status_slots_.resize(roles_.source_count());
     for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
@@ -358,6 +507,7 @@ class clone_engine {
                                       state_.bytes(p.tensor).subspan(p.offset, p.length)));
       }
       in.done.assign(in.data.size(), false);
+      in.tried.assign(roles_.source_count(), 0);
       ++pending_[grp.layer];
       if (!grp.exchange && Reconstruct::exchanges) ++owned_pending_[grp.layer];
     }
@@ -376,7 +526,9 @@ class clone_engine {
       }
       if (s.code != 0) {
         if (phase_ == phase::complete) continue;  // everything arrived and verified regardless
-        fail(static_cast<errc>(s.code), s.reason);
+        statuses_[i] = s;
+        source_failed(i, s.reason);
+        continue;
       }
       statuses_[i] = s;
     }
@@ -424,6 +576,15 @@ class clone_engine {
     }
   }
 
+  /// Once complete, tells the other clone ranks this rank's figures (for their reports).
+  void send_summary() {
+    if (phase_ != phase::complete || summary_sent_) return;
+    summary_sent_ = true;
+    auto s = my_summary().encode();
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
+      if (j != index_) ctl_.send_owned(comm_, roles_.clones[j], st_.tag_base + tag_summary, s);
+  }
+
   summary_msg my_summary() const {
     return {session_, index_, from_sources_, from_clones_, readiness_s_, standby_s_,
             ready_at_.empty() || !ready_at_[0] ? readiness_s_ : *ready_at_[0]};
@@ -463,11 +624,7 @@ class clone_engine {
   /// Withdraws every receive and send of the session: after it, no byte of a clone tensor
   /// is written by deepclone.
   void abandon() noexcept {
-    for (auto& in : inbound_) {
-      if (!in.header_done) try { comm_.cancel(in.header_req); } catch (...) {}
-      for (std::size_t i = 0; i < in.data.size(); ++i)
-        if (!in.done[i]) try { comm_.cancel(in.data[i]); } catch (...) {}
-    }
+    for (auto& in : inbound_) withdraw(in);
     inbound_.clear();
     if (meta_posted_ && !meta_done_) try { comm_.cancel(meta_req_); } catch (...) {}
     meta_posted_ = meta_done_ = false;
@@ -493,7 +650,8 @@ class clone_engine {
   phase phase_ = phase::idle;
   std::optional<failure> failure_;
   std::uint64_t attempt_ = 0, session_ = 0, k_ = 0;
-  clock::time_point t_request_{};
+  clock::time_point t_request_{}, t_complete_{};
+  bool summary_sent_ = false;
   double agreement_s_ = 0, readiness_s_ = 0, standby_s_ = 0;
   std::uint64_t from_sources_ = 0, from_clones_ = 0;
 
@@ -509,6 +667,10 @@ class clone_engine {
   std::vector<std::optional<summary_msg>> summaries_;
   std::vector<inbound> inbound_;
   std::vector<std::uint64_t> sums_;
+  std::vector<char> failed_;             // sources that reported or were presumed failed
+  std::vector<std::uint32_t> unacked_;   // ready layers not yet acknowledged to the sources
+  std::uint32_t refetches_ = 0;
+  bool any_source_delivered_ = false;
   std::vector<std::optional<double>> ready_at_;
   std::vector<std::size_t> pending_, owned_pending_;
   std::vector<bool> fwd_posted_;

@@ -79,6 +79,10 @@ class engine {
     plan_options plan{};
     /// Longest wait without progress before a clone fails or a source drops a session.
     std::chrono::nanoseconds timeout = std::chrono::seconds(60);
+    /// A clone rank that receives nothing for this long while some sources do deliver
+    /// presumes the silent ones failed and asks the others for their pieces. Keep it above
+    /// a few iterations' time and below `timeout`.
+    std::chrono::nanoseconds failover_after = std::chrono::seconds(10);
     /// The coordinator forks at (iteration in which it saw every clone request) + fork_lead.
     /// Other sources must learn the decision before iteration k starts, so this is the
     /// tolerated skew between sources, in iterations.

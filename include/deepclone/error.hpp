@@ -62,6 +62,13 @@ inline std::error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), error_category()};
 }
 
+/// Why a clone session ended without delivering, as a source records it (`last_error()`):
+/// the same code and message the clone ranks see.
+struct failure {
+  errc code;
+  std::string what;
+};
+
 /// The exception deepclone throws. `code()` compares equal to a `deepclone::errc`;
 /// `what()` reads "deepclone: <kind>: <details>".
 class error : public std::system_error {

@@ -38,6 +38,7 @@ struct report {
   double first_layer_s = 0;            ///< request until layer 0 was ready (the forward pass can start)
   double readiness_s = 0;              ///< request until the whole state was verified and in place
   double standby_s = 0;                ///< time this clone rank sat blocked in deepclone waits
+  std::uint32_t refetched_groups = 0;  ///< transfer groups asked again from another source (failover)
   std::vector<double> layer_ready_s;   ///< request until each layer was ready
   std::vector<source_figures> sources;
   std::vector<clone_figures> clones;   ///< every clone rank, this one included
@@ -70,7 +71,8 @@ inline std::string to_string(const report& r) {
   o << "clone session " << r.session << " at iteration " << r.iteration << " (" << r.policies << ")\n"
     << "  state " << r.state_bytes << " B + metadata " << r.metadata_bytes << " B\n"
     << "  agreement " << r.agreement_s << " s, first layer " << r.first_layer_s << " s, readiness "
-    << r.readiness_s << " s, standby " << r.standby_s << " s\n";
+    << r.readiness_s << " s, standby " << r.standby_s << " s"
+    << (r.refetched_groups ? ", " + std::to_string(r.refetched_groups) + " group(s) refetched" : std::string()) << "\n";
   for (auto& s : r.sources)
     o << "  source rank " << s.rank << ": sent " << s.bytes_sent << " B, hooks " << s.hook_s << " s, overhead "
       << s.overhead_s << " s over " << s.fork_iterations << " iteration(s) (normal iteration " << s.normal_iteration_s

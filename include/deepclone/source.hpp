@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,13 @@ class source_engine {
         throw error(errc::unsupported, "tensor '" + layout_.tensor(t).name +
                                            "' lives in device memory: the core engine sends host memory; use a device pipeline");
     updated_.assign(layout_.layer_count(), 0);
+    acks_needed_.assign(layout_.layer_count(), 0);
+    {
+      std::vector<std::vector<char>> receives(layout_.layer_count(), std::vector<char>(roles_.clone_count(), 0));
+      for (auto& g : plan_.groups()) receives[g.layer][g.to] = 1;
+      for (std::size_t l = 0; l < receives.size(); ++l)
+        for (char c : receives[l]) acks_needed_[l] += static_cast<std::uint32_t>(c);
+    }
     post_control();
   }
   source_engine(const source_engine&) = delete;
@@ -90,12 +98,7 @@ class source_engine {
       throw error(errc::hook_order, "layer " + std::to_string(layer) + " updated twice in iteration " + current_name() +
                                         " (missing end_iteration?)");
     open_ = static_cast<long>(layer);
-    if (s_ && !s_->layer_reqs[layer].empty()) {
-      if (!s_->out.wait(comm_, s_->layer_reqs[layer], st_.timeout))
-        fail_session(errc::timeout, "sends of layer " + std::to_string(layer) + " did not complete within the timeout");
-      else if (s_)
-        s_->layer_reqs[layer].clear();
-    }
+    if (s_ && s_->layer_sent[layer] && !s_->released[layer]) close_window(layer);
   }
 
   /// Call right after layer `layer` was updated. In the fork iteration this starts the
@@ -132,8 +135,8 @@ class source_engine {
       for (std::size_t l = 0; l < layout_.layer_count() && s_; ++l)
         if (!s_->layer_sent[l]) send_layer(l);  // blocking: all; others: layers not updated in k
       if (s_ && index_ == 0) send_metadata();
-      if (s_ && Pipeline::value == pipeline::kind::blocking && !s_->out.wait_all(comm_, st_.timeout))
-        fail_session(errc::timeout, "blocking transfer did not complete within the timeout");
+      if (s_ && Pipeline::value == pipeline::kind::blocking)
+        settle([&] { return delivered(); }, "the blocking transfer was not delivered and verified within the timeout");
     }
     // The iteration's duration, end to end, this hook included.
     auto now = clock::now();
@@ -148,9 +151,10 @@ class source_engine {
     last_end_ = now;
     if (s_) poll_session();
     t.flush();
-    if (s_ && step >= s_->k && s_->out.all_done(comm_)) complete_session();
+    if (s_ && step >= s_->k && delivered()) complete_session();
     if (!s_) handle_control(step);
     trailing_.poll(comm_);
+    trailing_.compact();
   }
 
   /// Ends this source's participation: an in-flight transfer is completed (or fails with
@@ -172,11 +176,10 @@ class source_engine {
         fail_session(errc::source_failed, "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
                                               ") finished training at step " + (last_step_ ? std::to_string(*last_step_) : "none") +
                                               ", before the fork iteration " + std::to_string(s_->k));
-      else if (!s_->out.wait_all(comm_, st_.timeout))
-        fail_session(errc::timeout, "outstanding sends did not complete within the timeout at finish()");
-      else
+      else if (settle([&] { return delivered(); }, "outstanding sends were not delivered within the timeout at finish()"))
         complete_session();
     }
+    if (index_ == 0) refuse_pending_requests();
     for (auto& r : requests_) r.cancel(comm_);
     decision_.cancel(comm_);
     trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(st_.timeout, std::chrono::seconds(1)));
@@ -205,7 +208,12 @@ class source_engine {
     std::span<std::byte> stage_mem;    // the ring's memory: `staging`, or the policy's
     struct slot { std::uint64_t off, len; std::vector<std::size_t> reqs; };
     std::deque<slot> ring;
-    std::vector<inbox_slot<Comm>> cancels;
+    std::vector<inbox_slot<Comm>> cancels, acks_in, refetches_in;
+    std::vector<std::vector<char>> acked;            // [clone][layer]
+    std::vector<std::uint32_t> acks;                 // clone ranks that verified each layer
+    std::vector<bool> released;                      // the trainer may overwrite the layer again
+    std::vector<std::vector<std::size_t>> refetch_reqs;  // sends of refetched groups, per layer
+    std::vector<std::deque<std::uint32_t>> refetch_queue;  // per clone rank, in arrival order
     std::vector<double> fork_durations;
     double hook_s = 0;
     std::uint64_t bytes_sent = 0;
@@ -307,13 +315,34 @@ class source_engine {
       post_control();
       return;
     }
-    d.session = ++served_;
+    d.session = session_base_ + ++served_;
     d.iteration = step + st_.fork_lead;
     for (std::uint32_t i = 1; i < roles_.source_count(); ++i)
       trailing_.send_owned(comm_, roles_.sources[i], base() + tag_decision, d.encode());
     for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_decision, d.encode());
     got_.assign(roles_.clone_count(), std::nullopt);
     start_session(d.session, d.iteration);
+  }
+
+  /// At finish(): clone ranks whose request already arrived learn at once that no fork will
+  /// come (instead of waiting for their timeout).
+  void refuse_pending_requests() {
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
+      if (!got_[j] && requests_[j].posted()) {
+        if (auto b = requests_[j].test(comm_)) {
+          try {
+            got_[j] = request_msg::decode(*b);
+          } catch (const error&) {
+          }
+        }
+      }
+      if (!got_[j]) continue;
+      decision_msg d;
+      d.status = verdict::stopped;
+      d.iteration = last_step_ ? *last_step_ : 0;
+      d.key = plan_.key();
+      trailing_.send_owned(comm_, roles_.clones[j], base() + tag_decision, d.encode());
+    }
   }
 
   void start_session(std::uint64_t id, std::uint64_t k) {
@@ -328,8 +357,18 @@ class source_engine {
     s_->layer_reqs.resize(layout_.layer_count());
     s_->layer_sent.assign(layout_.layer_count(), false);
     s_->cancels.resize(roles_.clone_count());
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
+    s_->acks_in.resize(roles_.clone_count());
+    s_->refetches_in.resize(roles_.clone_count());
+    s_->refetch_queue.resize(roles_.clone_count());
+    s_->acked.assign(roles_.clone_count(), std::vector<char>(layout_.layer_count(), 0));
+    s_->acks.assign(layout_.layer_count(), 0);
+    s_->released.assign(layout_.layer_count(), false);
+    s_->refetch_reqs.resize(layout_.layer_count());
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       s_->cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
+      s_->acks_in[j].post(comm_, roles_.clones[j], base() + tag_ack, control_bytes);
+      s_->refetches_in[j].post(comm_, roles_.clones[j], base() + tag_refetch, control_bytes);
+    }
     if constexpr (Pipeline::value == pipeline::kind::staged) {
       auto n = static_cast<std::size_t>(std::max<std::uint64_t>(std::min(st_.pipeline.staging_bytes, plan_.bytes_of_source(index_)), 1));
       if constexpr (staging_provider<Pipeline>) s_->stage_mem = st_.pipeline.staging(n);
@@ -419,26 +458,133 @@ class source_engine {
     }
   }
 
-  /// Tests outstanding sends, frees staging, and reacts to a clone's cancel.
-  void poll_session() {
+  /// One round of session progress: tests outstanding sends, frees staging, takes layer
+  /// acknowledgements, serves refetch requests and reacts to a clone's cancel. True if
+  /// anything happened. May end the session (cancel).
+  bool poll_session() {
     auto& s = *s_;
-    s.out.poll(comm_);
+    bool any = s.out.poll(comm_);
     if constexpr (Pipeline::value == pipeline::kind::staged)
-        while (!s.ring.empty() && std::all_of(s.ring.front().reqs.begin(), s.ring.front().reqs.end(),
+      while (!s.ring.empty() && std::all_of(s.ring.front().reqs.begin(), s.ring.front().reqs.end(),
                                              [&](std::size_t r) { return s.out.done(comm_, r); }))
         s.ring.pop_front();
-    for (auto& c : s.cancels)
-      if (auto b = c.test(comm_)) {
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
+      if (auto b = s.cancels[j].test(comm_)) {
+        any = true;
         try {
           auto m = cancel_msg::decode(*b);
           if (m.session == s.id) {
-            drop_session(failure{errc::cancelled, "clone rank " + std::to_string(m.clone_index) + " cancelled session " +
-                                                      std::to_string(s.id)});
-            return;
+            fail_session(errc::cancelled, "clone rank " + std::to_string(roles_.clones[j]) + " cancelled session " +
+                                              std::to_string(s.id) + " at source " + std::to_string(index_));
+            return true;
           }
         } catch (const error&) {
         }
+        s.cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
       }
+      if (auto b = s.acks_in[j].test(comm_)) {
+        any = true;
+        try {
+          auto m = ack_msg::decode(*b);
+          if (m.session == s.id)
+            for (auto l : m.layers)
+              if (l < s.acks.size() && !s.acked[j][l]) {
+                s.acked[j][l] = 1;
+                ++s.acks[l];
+              }
+        } catch (const error&) {
+        }
+        s.acks_in[j].post(comm_, roles_.clones[j], base() + tag_ack, control_bytes);
+      }
+      if (auto b = s.refetches_in[j].test(comm_)) {
+        any = true;
+        try {
+          auto m = refetch_msg::decode(*b);
+          if (m.session == s.id && m.group < plan_.groups().size() && plan_.groups()[m.group].to == j)
+            s.refetch_queue[j].push_back(m.group);
+        } catch (const error&) {
+        }
+        s.refetches_in[j].post(comm_, roles_.clones[j], base() + tag_refetch, control_bytes);
+      }
+      any |= serve_refetches(j);
+    }
+    return any;
+  }
+
+  /// Sends queued refetched groups to clone index `j`, oldest first (the clone posted its
+  /// receives in that order). A group of a layer this source has not yet updated in
+  /// iteration k waits; one whose layer is already being overwritten is refused with an
+  /// empty header, and the clone asks another source.
+  bool serve_refetches(std::uint32_t j) {
+    auto& s = *s_;
+    bool any = false;
+    auto& q = s.refetch_queue[j];
+    while (!q.empty()) {
+      auto& g = plan_.groups()[q.front()];
+      if (!s.layer_sent[g.layer]) break;  // not yet at iteration k for this layer
+      const int dest = roles_.clones[j];
+      group_header h{s.id, s.k, g.layer, index_, {}};
+      if (!s.released[g.layer]) {
+        for (auto pi : g.pieces) {
+          auto& p = plan_.pieces()[pi];
+          std::span<const std::byte> src = state_.bytes(p.tensor).subspan(p.offset, p.length);
+          s.refetch_reqs[g.layer].push_back(s.out.send(comm_, dest, base() + tag_refetch_data, src));
+          h.pieces.push_back({p.tensor, p.offset, p.length, Checksum::compute(src)});
+          s.bytes_sent += p.length;
+        }
+      }
+      s.out.send_owned(comm_, dest, base() + tag_refetch_header, h.encode());
+      q.pop_front();
+      any = true;
+    }
+    return any;
+  }
+
+  /// True when every send of the session completed and every clone rank verified every layer.
+  bool delivered() {
+    auto& s = *s_;
+    if (!s.out.all_done(comm_)) return false;
+    for (std::size_t l = 0; l < s.acks.size(); ++l)
+      if (s.acks[l] < acks_needed_[l]) return false;
+    return true;
+  }
+
+  /// Before the trainer overwrites layer `l` again: wait until its sends (and refetches)
+  /// completed and, for the window and blocking pipelines, every clone rank verified it, so
+  /// that a piece lost or corrupted elsewhere can still be served from here.
+  void close_window(std::size_t l) {
+    auto& s = *s_;
+    settle([&] {
+      auto done = [&](const std::vector<std::size_t>& v) {
+        return std::all_of(v.begin(), v.end(), [&](std::size_t r) { return s_->out.done(comm_, r); });
+      };
+      if (!done(s_->refetch_reqs[l])) return false;
+      if constexpr (Pipeline::value == pipeline::kind::staged) return true;  // staged copies: the tensor is free
+      return done(s_->layer_reqs[l]) && s_->acks[l] >= acks_needed_[l];
+    }, "layer " + std::to_string(l) + " was not delivered and verified within the timeout");
+    if (s_) s.released[l] = true;
+  }
+
+  /// Makes session progress until `done()` holds; false if the session ended meanwhile
+  /// (cancelled, or failed after `settings.timeout` without progress).
+  template <class Done>
+  bool settle(Done done, const std::string& what) {
+    idler<Comm> idle(comm_);
+    auto deadline = clock::now() + st_.timeout;
+    for (;;) {
+      idle.mark();
+      if (!s_) return false;
+      bool any = poll_session();
+      if (!s_) return false;
+      if (done()) return true;
+      auto now = clock::now();
+      if (any) deadline = now + st_.timeout;
+      if (now >= deadline) {
+        fail_session(errc::timeout, what);
+        return false;
+      }
+      idle.idle(deadline);
+    }
   }
 
   void complete_session() {
@@ -480,6 +626,8 @@ class source_engine {
   void end_session() {
     s_->out.cancel_all(comm_);
     for (auto& c : s_->cancels) c.cancel(comm_);
+    for (auto& c : s_->acks_in) c.cancel(comm_);
+    for (auto& c : s_->refetches_in) c.cancel(comm_);
     s_.reset();
     post_control();
   }
@@ -499,6 +647,7 @@ class source_engine {
   deepclone::layout layout_;
   deepclone::plan plan_;
   std::vector<std::uint64_t> updated_;  // generation in which each layer was last updated
+  std::vector<std::uint32_t> acks_needed_;  // clone ranks that receive something of each layer
   std::uint64_t generation_ = 1;
   long open_ = -1;
   std::optional<std::uint64_t> last_step_;
@@ -510,6 +659,10 @@ class source_engine {
   inbox_slot<Comm> decision_;                     // other sources
   outbox<Comm> trailing_;                         // control messages outliving sessions
   std::uint64_t served_ = 0, completed_ = 0, failed_ = 0;
+  /// Session ids are unique across source engines (and processes), so that a stale message
+  /// of an earlier engine on the same ranks is never taken for one of this engine's.
+  std::uint64_t session_base_ = (std::uint64_t{std::random_device{}()} << 32) ^
+                                static_cast<std::uint64_t>(clock::now().time_since_epoch().count() & 0xffff0000);
   std::optional<failure> last_error_;
   bool finished_ = false;
 };

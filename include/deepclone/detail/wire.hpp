@@ -29,17 +29,17 @@ enum tag : int {
   tag_status = 5,       ///< source -> clone: done (with statistics) or failed (with reason)
   tag_summary = 6,      ///< clone -> clone: per-rank figures for the report
   tag_cancel = 7,       ///< clone -> sources: stop serving this session
+  tag_ack = 8,          ///< clone -> sources: these layers are verified (the window may close)
+  tag_refetch = 9,      ///< clone -> a source: send this group again (failover, corruption)
+  tag_refetch_data = 10,    ///< source -> clone: a refetched group's pieces
+  tag_refetch_header = 11,  ///< source -> clone: a refetched group's header
   tag_layers = 16,      ///< then 4 tags per layer: data, header, exchange data, exchange header
 };
 inline int layer_tag(int base, std::size_t layer, bool exchange, bool header) {
   return base + tag_layers + static_cast<int>(4 * layer) + (exchange ? 2 : 0) + (header ? 1 : 0);
 }
 
-/// Why a session ended without delivering.
-struct failure {
-  errc code;
-  std::string what;
-};
+using deepclone::failure;
 
 /// Throws `errc::unsupported` when the layer tags would exceed the transport's tag bound.
 template <class Comm>
@@ -81,7 +81,7 @@ struct request_msg {
   }
 };
 
-enum class verdict : std::uint32_t { accepted = 1, layout_differs = 2, plan_differs = 3 };
+enum class verdict : std::uint32_t { accepted = 1, layout_differs = 2, plan_differs = 3, stopped = 4 };
 
 struct decision_msg {
   verdict status = verdict::accepted;
@@ -102,7 +102,7 @@ struct decision_msg {
     check_magic(r);
     decision_msg m;
     auto s = r.u32();
-    if (s < 1 || s > 3) r.fail("unknown verdict " + std::to_string(s));
+    if (s < 1 || s > 4) r.fail("unknown verdict " + std::to_string(s));
     m.status = static_cast<verdict>(s);
     m.session = r.u64(); m.iteration = r.u64(); m.layout_bytes = r.u64(); m.offending_clone = r.u32();
     m.key = plan_key::decode(r);
@@ -227,6 +227,55 @@ struct cancel_msg {
     check_magic(r);
     cancel_msg m;
     m.session = r.u64(); m.clone_index = r.u32();
+    r.expect_end();
+    return m;
+  }
+};
+
+}  // namespace deepclone::detail
+
+namespace deepclone::detail {
+
+/// Layers a clone rank has verified; at most `max_layers` per message.
+struct ack_msg {
+  static constexpr std::size_t max_layers = 200;
+  std::uint64_t session = 0;
+  std::uint32_t clone_index = 0;
+  std::vector<std::uint32_t> layers;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u64(session); w.u32(clone_index); w.u32(static_cast<std::uint32_t>(layers.size()));
+    for (auto l : layers) w.u32(l);
+    return w.take();
+  }
+  static ack_msg decode(std::span<const std::byte> b) {
+    reader r(b, "layer acknowledgement");
+    check_magic(r);
+    ack_msg m;
+    m.session = r.u64(); m.clone_index = r.u32();
+    auto n = r.u32();
+    if (n > max_layers || n > r.remaining() / 4) r.fail("layer count " + std::to_string(n) + " exceeds the message");
+    for (std::uint32_t i = 0; i < n; ++i) m.layers.push_back(r.u32());
+    r.expect_end();
+    return m;
+  }
+};
+
+/// A clone rank asks a source to send one transfer group (by plan index) again.
+struct refetch_msg {
+  std::uint64_t session = 0;
+  std::uint32_t clone_index = 0;
+  std::uint32_t group = 0;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u64(session); w.u32(clone_index); w.u32(group);
+    return w.take();
+  }
+  static refetch_msg decode(std::span<const std::byte> b) {
+    reader r(b, "refetch request");
+    check_magic(r);
+    refetch_msg m;
+    m.session = r.u64(); m.clone_index = r.u32(); m.group = r.u32();
     r.expect_end();
     return m;
   }
