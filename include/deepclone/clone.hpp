@@ -524,13 +524,9 @@ class clone_engine {
         status_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_status, control_bytes);
         continue;
       }
-      if (s.code != 0) {
-        if (phase_ == phase::complete) continue;  // everything arrived and verified regardless
-        statuses_[i] = s;
-        source_failed(i, s.reason);
-        continue;
-      }
       statuses_[i] = s;
+      // A source that failed after the clone completed changes nothing: every byte is verified.
+      if (s.code != 0 && phase_ != phase::complete) source_failed(i, s.reason);
     }
     for (std::uint32_t j = 0; j < summary_slots_.size(); ++j) {
       if (j == index_) continue;
