@@ -73,7 +73,7 @@ class clone_engine {
   bool poll() {
     if (phase_ == phase::idle) throw error(errc::not_ready, "clone rank " + std::to_string(index_) + ": no request() was made");
     if (phase_ == phase::failed) throw error(failure_->code, failure_->what);
-    progress();
+    guarded_progress();
     send_summary();
     return phase_ == phase::complete;
   }
@@ -164,6 +164,7 @@ class clone_engine {
     std::uint32_t group;
     std::uint32_t refetch_from = original;  ///< source index serving it again, if refetched
     std::vector<char> tried;                ///< sources that could not deliver it intact
+    bool short_piece = false;               ///< a data message shorter than its piece
     std::vector<std::byte> header;
     request_t header_req;
     bool header_done = false;
@@ -188,7 +189,7 @@ class clone_engine {
     try {
       for (;;) {
         idle.mark();
-        if (progress()) {
+        if (guarded_progress()) {
           deadline = clock::now() + st_.timeout;
           stall_check = clock::now() + st_.failover_after;
         }
@@ -209,6 +210,17 @@ class clone_engine {
     // Blocked time counts until the state was complete, not until this call noticed.
     if (count_standby) standby_s_ += seconds_since(t0, phase_ == phase::complete ? std::max(t0, t_complete_) : clock::now());
     send_summary();
+  }
+
+  /// progress(), with any error the transport raises turned into a clean failure of the
+  /// clone (receives withdrawn, sources told), never a half-abandoned session.
+  bool guarded_progress() {
+    try {
+      return progress();
+    } catch (const error& e) {
+      if (phase_ == phase::failed) throw;
+      fail(e.kind(), e.what());
+    }
   }
 
   /// One round of progress; true if anything happened.
@@ -282,11 +294,14 @@ class clone_engine {
     bool any = false;
     if (!in.header_done && comm_.test(in.header_req)) in.header_done = any = true;
     for (std::size_t i = 0; i < in.data.size(); ++i)
-      if (!in.done[i] && comm_.test(in.data[i])) {
-        in.done[i] = true;
-        ++in.data_done;
-        any = true;
-      }
+      if (!in.done[i])
+        if (auto n = comm_.test(in.data[i])) {
+          auto& p = plan_.pieces()[plan_.groups()[in.group].pieces[i]];
+          if (*n != p.length) in.short_piece = true;  // caught even without a checksum policy
+          in.done[i] = true;
+          ++in.data_done;
+          any = true;
+        }
     if (in.header_done && in.data_done == in.data.size()) verify(in);
     return any;
   }
@@ -321,6 +336,7 @@ class clone_engine {
     } catch (const error& e) {
       return std::string(e.what());
     }
+    if (in.short_piece) return "a data message was shorter than its piece (truncated)";
     const std::uint32_t from = in.refetch_from != original ? in.refetch_from : g.from;
     if (in.refetch_from != original && h.pieces.empty() && !g.pieces.empty())
       return "source " + std::to_string(from) + " no longer holds iteration " + std::to_string(k_) + " of this layer";
@@ -388,6 +404,7 @@ class clone_engine {
     }
     in.done.assign(in.data.size(), false);
     in.data_done = 0;
+    in.short_piece = false;
     ++refetches_;
   }
   static bool any_corruption(const std::string& why) {

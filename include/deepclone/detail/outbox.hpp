@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../communicator.hpp"
+#include "../error.hpp"
 
 namespace deepclone::detail {
 
@@ -42,12 +43,22 @@ class outbox {
 
   bool done(Comm& c, std::size_t i) {
     auto& e = entries_[i];
-    if (!e.done && c.test(e.req)) {
+    if (e.done) return true;
+    bool finished = false;
+    try {
+      finished = c.test(e.req).has_value();
+    } catch (const error&) {  // the transport failed this send (e.g. the receiver's buffer was
+      finished = true;        // too small): it is over; the receiving side reports the error
+      ++failed_;
+    }
+    if (finished) {
       e.done = true;
       --pending_;
     }
     return e.done;
   }
+  /// Sends the transport reported as failed (counted as done).
+  std::size_t failed() const noexcept { return failed_; }
   /// Tests every pending request; true if any completed.
   bool poll(Comm& c) {
     bool any = false;
@@ -114,6 +125,7 @@ class outbox {
   };
   std::vector<entry> entries_;
   std::size_t pending_ = 0;
+  std::size_t failed_ = 0;
 };
 
 /// A posted receive into an owned buffer (control messages), re-postable.

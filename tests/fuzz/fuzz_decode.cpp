@@ -1,0 +1,31 @@
+// libFuzzer harness: arbitrary bytes into every decoder of received messages. A decoder
+// may only return a value or throw deepclone::error; anything else (a crash, a sanitizer
+// report, another exception) is a finding. The first byte picks the decoder.
+#include <deepclone/deepclone.hpp>
+#include <deepclone/detail/wire.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace dc = deepclone;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data) + 1, size - 1);
+  try {
+    switch (data[0] % 9) {
+      case 0: { auto l = dc::layout::decode(b); (void)l.fingerprint(); (void)l.encode(); break; }
+      case 1: { auto m = dc::metadata::decode(b); if (!(dc::metadata::decode(m.encode()) == m)) __builtin_trap(); break; }
+      case 2: (void)dc::detail::request_msg::decode(b); break;
+      case 3: (void)dc::detail::decision_msg::decode(b); break;
+      case 4: { auto h = dc::detail::group_header::decode(b); if (h.encode().size() != b.size()) __builtin_trap(); break; }
+      case 5: (void)dc::detail::meta_header::decode(b); break;
+      case 6: (void)dc::detail::status_msg::decode(b); break;
+      case 7: (void)dc::detail::summary_msg::decode(b); break;
+      case 8: (void)dc::detail::cancel_msg::decode(b); break;
+    }
+  } catch (const dc::error&) {
+  }
+  return 0;
+}
