@@ -7,13 +7,13 @@
 set -euo pipefail
 what=${1:-all}
 root=$(cd "$(dirname "$0")/.." && pwd)
-jobs=${JOBS:-1}
+jobs=${JOBS:-$(nproc)}
 clone_filter='-tc=*split_even*,checksum::none*,*second clone*'
 run() { echo "+ $*"; "$@"; }
 
 if [[ $what == asan || $what == all ]]; then
   b=$root/build-asan
-  run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug \
+  run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" >/dev/null
   run cmake --build "$b" -j"$jobs" --target unit.plan unit.transport unit.clone unit.errors unit.training fault.matrix fault.input
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -24,7 +24,7 @@ if [[ $what == asan || $what == all ]]; then
 fi
 if [[ $what == tsan || $what == all ]]; then
   b=$root/build-tsan
-  run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug \
+  run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" >/dev/null
   run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone fault.matrix
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
