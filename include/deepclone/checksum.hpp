@@ -10,6 +10,8 @@
 #include <cstring>
 #include <span>
 
+#include "config.hpp"
+
 namespace deepclone::checksum {
 
 /// No checksum: every piece "verifies". For trusted links where every cycle counts.
@@ -30,7 +32,7 @@ struct mix64 {
   static constexpr const char* name = "mix64";
 
   /// The per-word term; `index` is the word's position in the piece.
-  static constexpr std::uint64_t term(std::uint64_t word, std::uint64_t index) noexcept {
+  DEEPCLONE_HOST_DEVICE static constexpr std::uint64_t term(std::uint64_t word, std::uint64_t index) noexcept {
     std::uint64_t x = word ^ (index * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull);
     x ^= x >> 32;
     x *= 0xD6E8FEB86659FD93ull;
@@ -40,7 +42,7 @@ struct mix64 {
     return x;
   }
   /// Finalisation with the byte length, so that trailing zero bytes are not invisible.
-  static constexpr std::uint64_t finish(std::uint64_t sum, std::uint64_t length) noexcept {
+  DEEPCLONE_HOST_DEVICE static constexpr std::uint64_t finish(std::uint64_t sum, std::uint64_t length) noexcept {
     return term(sum, length ^ 0xA0761D6478BD642Full);
   }
 
