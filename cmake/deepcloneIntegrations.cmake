@@ -2,6 +2,7 @@
 # target never depends on them. Including the matching header is the opt-in in code.
 #   deepclone::boost_mpi  Boost.MPI + MPI          <deepclone/integrations/boost_mpi.hpp>
 #   deepclone::fmt        fmt                      <deepclone/integrations/fmt.hpp>
+#   deepclone::xxhash     xxHash (header only)     <deepclone/integrations/xxhash.hpp>
 #   deepclone::thrust_cpp Thrust on the CPU        <deepclone/integrations/thrust.hpp>
 #   deepclone::cuda       CUDA Toolkit + Thrust    <deepclone/integrations/cuda.hpp>
 
@@ -30,6 +31,23 @@ if(fmt_FOUND AND EXISTS ${deepclone_integration_dir}/fmt.hpp)
   set(DEEPCLONE_HAVE_FMT ON)
 else()
   set(DEEPCLONE_HAVE_FMT OFF)
+endif()
+
+# deepclone::xxhash: the checksum policy checksum::xxh3. xxHash is used header-only
+# (XXH_INLINE_ALL), so the target only brings the directory of xxhash.h (Debian: libxxhash-dev).
+# The exported target carries no path: deepcloneConfig.cmake finds xxhash.h again.
+find_path(DEEPCLONE_XXHASH_INCLUDE_DIR NAMES xxhash.h DOC "include directory of xxHash (xxhash.h)")
+if(DEEPCLONE_XXHASH_INCLUDE_DIR AND EXISTS ${deepclone_integration_dir}/xxhash.hpp)
+  add_library(deepclone_xxhash INTERFACE)
+  add_library(deepclone::xxhash ALIAS deepclone_xxhash)
+  set_target_properties(deepclone_xxhash PROPERTIES EXPORT_NAME xxhash)
+  target_include_directories(deepclone_xxhash SYSTEM INTERFACE $<BUILD_INTERFACE:${DEEPCLONE_XXHASH_INCLUDE_DIR}>)
+  target_link_libraries(deepclone_xxhash INTERFACE deepclone)
+  set(DEEPCLONE_HAVE_XXHASH ON)
+  message(STATUS "deepclone: xxHash found in ${DEEPCLONE_XXHASH_INCLUDE_DIR}; checksum::xxh3 enabled")
+else()
+  set(DEEPCLONE_HAVE_XXHASH OFF)
+  message(STATUS "deepclone: xxhash.h not found (libxxhash-dev); the xxh3 checksum integration and its tests are skipped")
 endif()
 
 # --- Thrust on the CPU, and CUDA (integrations/thrust.hpp, integrations/cuda.hpp) --------
