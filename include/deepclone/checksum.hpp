@@ -73,4 +73,13 @@ struct mix64 {
   }
 };
 
+/// Folds the checksums of a state's pieces, in plan order, into one 64-bit digest of the
+/// whole state. Position-dependent (swapping two pieces' sums changes it); used to compare
+/// replicas (settings.verify_replicas), whose pieces are checksummed anyway.
+inline std::uint64_t fold_pieces(std::span<const std::uint64_t> sums) noexcept {
+  std::uint64_t acc = 0;
+  for (std::size_t i = 0; i < sums.size(); ++i) acc += mix64::term(sums[i], i);
+  return mix64::finish(acc, sums.size());
+}
+
 }  // namespace deepclone::checksum

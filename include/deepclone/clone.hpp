@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "checksum.hpp"
 #include "detail/outbox.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
@@ -57,9 +59,11 @@ class clone_engine {
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
       if (state_.space(t) != memory_space::host)
         throw error(errc::unsupported, "clone tensor '" + layout_.tensor(t).name + "' lives in device memory: the core engine receives into host memory");
+    if (st_.verify_replicas && Checksum::id == checksum::none::id)
+      throw error(errc::unsupported, "settings.verify_replicas needs a checksum policy; the engine uses checksum::none");
     plan_ = Engine::make_plan(layout_, roles_, st_);
     check_tag_space(comm_, st_.tag_base, layout_.layer_count());
-    request_msg m{index_, ++attempt_, layout_.fingerprint(), plan_.key()};
+    request_msg m{index_, ++attempt_, layout_.fingerprint(), plan_.key(), st_.verify_replicas ? flag_verify_replicas : 0u};
     ctl_.send_owned(comm_, roles_.sources[0], st_.tag_base + tag_request, m.encode());
     decision_.post(comm_, roles_.sources[0], st_.tag_base + tag_decision, control_bytes);
     t_request_ = clock::now();
@@ -124,9 +128,11 @@ class clone_engine {
       poll();
       if (phase_ != phase::complete) throw error(errc::not_ready, "report() before the clone is complete");
     }
+    // A source that failed (or was presumed failed: failover) may never send its figures.
     block([&] {
-      return std::all_of(statuses_.begin(), statuses_.end(), [](auto& s) { return s.has_value(); }) &&
-             std::all_of(summaries_.begin(), summaries_.end(), [](auto& s) { return s.has_value(); });
+      for (std::size_t i = 0; i < statuses_.size(); ++i)
+        if (!statuses_[i] && !failed_[i]) return false;
+      return std::all_of(summaries_.begin(), summaries_.end(), [](auto& s) { return s.has_value(); });
     }, false);
     deepclone::report r;
     r.session = session_;
@@ -138,12 +144,21 @@ class clone_engine {
     r.readiness_s = readiness_s_;
     r.standby_s = standby_s_;
     r.refetched_groups = refetches_;
+    r.replicas_verified = replicas_verified_;
     r.layer_ready_s.resize(ready_at_.size());
     for (std::size_t l = 0; l < ready_at_.size(); ++l) r.layer_ready_s[l] = *ready_at_[l];
     r.first_layer_s = ready_at_.empty() ? readiness_s_ : r.layer_ready_s[0];
     for (std::uint32_t i = 0; i < roles_.source_count(); ++i) {
+      if (!statuses_[i]) {
+        source_figures f;
+        f.rank = roles_.sources[i];
+        f.failed = true;
+        r.sources.push_back(f);
+        continue;
+      }
       auto& s = *statuses_[i];
-      r.sources.push_back({roles_.sources[i], s.bytes_sent, s.hook_s, s.overhead_s, s.normal_iteration_s, s.fork_iterations});
+      r.sources.push_back({roles_.sources[i], s.bytes_sent, s.hook_s, s.overhead_s, s.normal_iteration_s, s.fork_iterations,
+                           s.code != 0 || failed_[i]});
     }
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       summary_msg s = j == index_ ? my_summary() : *summaries_[j];
@@ -280,13 +295,48 @@ class clone_engine {
       }
     }
     send_acks();
-    if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); })) {
+    if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }) &&
+        replicas_agree()) {
       t_complete_ = clock::now();
       readiness_s_ = seconds_since(t_request_, t_complete_);
       phase_ = phase::complete;
       poll_statuses();
     }
     return any;
+  }
+
+  /// verify_replicas: true once every source that has not failed sent the digest of its
+  /// replica and each digest equals the received state's (the fold of the verified piece
+  /// checksums, in plan order). Fails the clone on any difference. Without the option, true.
+  bool replicas_agree() {
+    if (!verify_) return true;
+    for (std::uint32_t i = 0; i < digests_.size(); ++i)
+      if (!digests_[i] && !failed_[i]) return false;
+    const std::uint64_t mine = checksum::fold_pieces(sums_);
+    auto hex = [](std::uint64_t v) {
+      char b[19];
+      std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(v));
+      return std::string(b);
+    };
+    std::string differ, agree;
+    replicas_verified_ = 0;
+    for (std::uint32_t i = 0; i < digests_.size(); ++i) {
+      if (!digests_[i]) continue;
+      std::string who = "source " + std::to_string(i) + " (rank " + std::to_string(roles_.sources[i]) + ")";
+      if (digests_[i]->digest == mine) {
+        ++replicas_verified_;
+        agree += (agree.empty() ? "" : ", ") + who;
+      } else {
+        differ += (differ.empty() ? "" : ", ") + who + " has " + hex(digests_[i]->digest);
+      }
+    }
+    if (!differ.empty())
+      fail(errc::replica_mismatch, "the sources' replicas of iteration " + std::to_string(k_) +
+                                       " differ: the received state has digest " + hex(mine) +
+                                       (agree.empty() ? "" : " (as " + agree + ")") + ", but " + differ);
+    if (replicas_verified_ == 0)
+      fail(errc::source_failed, "settings.verify_replicas: every source failed before sending the digest of its replica");
+    return true;
   }
 
   bool progress_group(inbound& in) {
@@ -441,6 +491,9 @@ class clone_engine {
     for (auto& in : inbound_)
       if (!in.verified)
         if (auto s = source_of(in)) silent[*s] = 1;
+    if (verify_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }))
+      for (std::uint32_t s = 0; s < silent.size(); ++s)
+        if (!digests_[s] && !failed_[s]) silent[s] = 1;  // delivered its share, but not its digest
     cancel_msg m{session_, index_};
     for (std::uint32_t s = 0; s < silent.size(); ++s)
       if (silent[s]) {
@@ -501,6 +554,12 @@ class clone_engine {
     status_slots_.resize(roles_.source_count());
     for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
       status_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_status, control_bytes);
+    verify_ = (d.flags & flag_verify_replicas) != 0;
+    replicas_verified_ = 0;
+    digests_.assign(roles_.source_count(), std::nullopt);
+    digest_slots_.resize(verify_ ? roles_.source_count() : 0);
+    for (std::uint32_t i = 0; i < digest_slots_.size(); ++i)
+      digest_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_digest, control_bytes);
     summaries_.assign(roles_.clone_count(), std::nullopt);
     summaries_[index_] = summary_msg{};  // our own is built on demand
     summary_slots_.resize(roles_.clone_count());
@@ -544,6 +603,18 @@ class clone_engine {
       statuses_[i] = s;
       // A source that failed after the clone completed changes nothing: every byte is verified.
       if (s.code != 0 && phase_ != phase::complete) source_failed(i, s.reason);
+    }
+    for (std::uint32_t i = 0; i < digest_slots_.size(); ++i) {
+      auto b = digest_slots_[i].test(comm_);
+      if (!b) continue;
+      any = true;
+      auto m = decode_or_fail<digest_msg>(*b);
+      if (m.session != session_) digest_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_digest, control_bytes);
+      else if (m.iteration != k_ || m.source_index != i)
+        fail(errc::corrupt_message, "replica digest from source rank " + std::to_string(roles_.sources[i]) + " names iteration " +
+                                        std::to_string(m.iteration) + " and source " + std::to_string(m.source_index) +
+                                        "; expected " + std::to_string(k_) + " and " + std::to_string(i));
+      else digests_[i] = m;
     }
     for (std::uint32_t j = 0; j < summary_slots_.size(); ++j) {
       if (j == index_) continue;
@@ -616,6 +687,9 @@ class clone_engine {
     }
     if (shown > 4) out += " and " + std::to_string(shown - 4) + " more groups";
     if (!meta_done_) out += std::string(out.empty() ? "" : ", ") + "the metadata";
+    for (std::uint32_t i = 0; i < digests_.size() && verify_; ++i)
+      if (!digests_[i] && !failed_[i])
+        out += std::string(out.empty() ? "" : ", ") + "the replica digest of source rank " + std::to_string(roles_.sources[i]);
     if (out.empty()) out = "forwards to other clone ranks / source statuses";
     return out;
   }
@@ -647,6 +721,7 @@ class clone_engine {
     source_layout_.cancel(comm_);
     for (auto& s : status_slots_) s.cancel(comm_);
     for (auto& s : summary_slots_) s.cancel(comm_);
+    for (auto& s : digest_slots_) s.cancel(comm_);
     fwd_.clear(comm_);
     // Control messages (requests, cancels, summaries) are small; give them a moment.
     ctl_.wait_all(comm_, std::chrono::milliseconds(100));
@@ -678,6 +753,10 @@ class clone_engine {
   std::vector<inbox_slot<Comm>> status_slots_, summary_slots_;
   std::vector<std::optional<status_msg>> statuses_;
   std::vector<std::optional<summary_msg>> summaries_;
+  bool verify_ = false;                  // this session checks the sources' replica digests
+  std::uint32_t replicas_verified_ = 0;
+  std::vector<inbox_slot<Comm>> digest_slots_;
+  std::vector<std::optional<digest_msg>> digests_;
   std::vector<inbound> inbound_;
   std::vector<std::uint64_t> sums_;
   std::vector<char> failed_;             // sources that reported or were presumed failed

@@ -90,6 +90,15 @@ class engine {
     /// deepclone uses tags [tag_base, tag_base + 16 + 4 * layers); keep the trainer's own
     /// messages on that communicator outside this range.
     int tag_base = 1000;
+    /// Clone side: also check that every source's replica equals the state received. Each
+    /// source then checksums its whole replica of iteration k (not only its S/N share:
+    /// one extra pass over S bytes per source, on the training thread, as layers become
+    /// final) and sends the folded digest; `wait()` returns only when every source that did
+    /// not fail sent a digest equal to the received state's, else `errc::replica_mismatch`
+    /// names the divergent sources. Catches replicas that drifted apart (the per-piece
+    /// checks cannot: each piece matches its own sender). Needs a checksum policy other
+    /// than `checksum::none` and host-memory source tensors. Sources follow the request.
+    bool verify_replicas = false;
   };
 
   template <tensor T>

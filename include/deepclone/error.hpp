@@ -25,6 +25,7 @@ enum class errc {
   not_ready,             ///< state queried before it is complete
   unsupported,           ///< a combination the chosen policies or transport cannot do
   transport,             ///< the communicator reported a failure
+  replica_mismatch,      ///< a source's replica differs from the state the clone received
 };
 
 namespace detail {
@@ -46,6 +47,7 @@ class error_category_impl final : public std::error_category {
       case errc::not_ready: return "not ready";
       case errc::unsupported: return "unsupported";
       case errc::transport: return "transport failure";
+      case errc::replica_mismatch: return "source replicas differ";
     }
     return "unknown deepclone error";
   }

@@ -19,6 +19,7 @@ struct source_figures {
   double overhead_s = NAN;            ///< fork iterations minus as many median normal iterations
   double normal_iteration_s = NAN;    ///< median iteration before the fork (NaN: none measured)
   std::uint32_t fork_iterations = 0;  ///< iterations from k until the last send completed
+  bool failed = false;                ///< reported or presumed failed (failover); its figures may be missing
 };
 
 /// A clone rank's figures.
@@ -39,6 +40,7 @@ struct report {
   double readiness_s = 0;              ///< request until the whole state was verified and in place
   double standby_s = 0;                ///< time this clone rank sat blocked in deepclone waits
   std::uint32_t refetched_groups = 0;  ///< transfer groups asked again from another source (failover)
+  std::uint32_t replicas_verified = 0;  ///< sources whose replica digest equals the received state (verify_replicas)
   std::vector<double> layer_ready_s;   ///< request until each layer was ready
   std::vector<source_figures> sources;
   std::vector<clone_figures> clones;   ///< every clone rank, this one included
@@ -72,11 +74,12 @@ inline std::string to_string(const report& r) {
     << "  state " << r.state_bytes << " B + metadata " << r.metadata_bytes << " B\n"
     << "  agreement " << r.agreement_s << " s, first layer " << r.first_layer_s << " s, readiness "
     << r.readiness_s << " s, standby " << r.standby_s << " s"
-    << (r.refetched_groups ? ", " + std::to_string(r.refetched_groups) + " group(s) refetched" : std::string()) << "\n";
+    << (r.refetched_groups ? ", " + std::to_string(r.refetched_groups) + " group(s) refetched" : std::string())
+    << (r.replicas_verified ? ", " + std::to_string(r.replicas_verified) + " replica(s) verified" : std::string()) << "\n";
   for (auto& s : r.sources)
     o << "  source rank " << s.rank << ": sent " << s.bytes_sent << " B, hooks " << s.hook_s << " s, overhead "
       << s.overhead_s << " s over " << s.fork_iterations << " iteration(s) (normal iteration " << s.normal_iteration_s
-      << " s)\n";
+      << " s)" << (s.failed ? " [failed]" : "") << "\n";
   for (auto& c : r.clones)
     o << "  clone rank " << c.rank << ": received " << c.bytes_from_sources << " B from sources + "
       << c.bytes_from_clones << " B from clones, readiness " << c.readiness_s << " s, standby " << c.standby_s << " s\n";

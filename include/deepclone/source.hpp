@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "checksum.hpp"
 #include "detail/outbox.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
@@ -166,7 +167,7 @@ class source_engine {
       if (auto b = decision_.test(comm_)) {  // a decision that raced with the end of training
         try {
           auto d = decision_msg::decode(*b);
-          start_session(d.session, d.iteration);
+          start_session(d.session, d.iteration, d.flags);
         } catch (const error&) {
         }
       }
@@ -214,6 +215,9 @@ class source_engine {
     std::vector<bool> released;                      // the trainer may overwrite the layer again
     std::vector<std::vector<std::size_t>> refetch_reqs;  // sends of refetched groups, per layer
     std::vector<std::deque<std::uint32_t>> refetch_queue;  // per clone rank, in arrival order
+    std::vector<std::uint64_t> piece_sums;                // verify_replicas: every piece's checksum
+    std::vector<std::vector<std::uint32_t>> layer_pieces;  // verify_replicas: pieces of each layer
+    std::size_t layers_digested = 0;
     std::vector<double> fork_durations;
     double hook_s = 0;
     std::uint64_t bytes_sent = 0;
@@ -280,7 +284,7 @@ class source_engine {
         post_control();
         return;
       }
-      start_session(d.session, d.iteration);
+      start_session(d.session, d.iteration, d.flags);
       return;
     }
     // Coordinator: collect one request from every clone rank, then decide.
@@ -317,11 +321,12 @@ class source_engine {
     }
     d.session = session_base_ + ++served_;
     d.iteration = step + st_.fork_lead;
+    for (auto& g : got_) d.flags |= g->flags;
     for (std::uint32_t i = 1; i < roles_.source_count(); ++i)
       trailing_.send_owned(comm_, roles_.sources[i], base() + tag_decision, d.encode());
     for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_decision, d.encode());
     got_.assign(roles_.clone_count(), std::nullopt);
-    start_session(d.session, d.iteration);
+    start_session(d.session, d.iteration, d.flags);
   }
 
   /// At finish(): clone ranks whose request already arrived learn at once that no fork will
@@ -345,7 +350,7 @@ class source_engine {
     }
   }
 
-  void start_session(std::uint64_t id, std::uint64_t k) {
+  void start_session(std::uint64_t id, std::uint64_t k, std::uint32_t flags) {
     // The tensors must still be where (and as large as) they were at construction.
     auto now = state_.describe();
     if (!(now == layout_))
@@ -364,6 +369,11 @@ class source_engine {
     s_->acks.assign(layout_.layer_count(), 0);
     s_->released.assign(layout_.layer_count(), false);
     s_->refetch_reqs.resize(layout_.layer_count());
+    if (flags & flag_verify_replicas) {
+      s_->piece_sums.assign(plan_.pieces().size(), 0);
+      s_->layer_pieces.resize(layout_.layer_count());
+      for (std::uint32_t pi = 0; pi < plan_.pieces().size(); ++pi) s_->layer_pieces[plan_.pieces()[pi].layer].push_back(pi);
+    }
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       s_->cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
       s_->acks_in[j].post(comm_, roles_.clones[j], base() + tag_ack, control_bytes);
@@ -377,6 +387,18 @@ class source_engine {
         s_->stage_mem = s_->staging;
       }
     }
+    if (flags & flag_verify_replicas)
+      for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
+        if (state_.space(t) != memory_space::host) {
+          fail_session(errc::unsupported, "settings.verify_replicas: source " + std::to_string(index_) + "'s tensor '" +
+                                              layout_.tensor(t).name + "' is not in host memory, so its replica cannot be digested");
+          return;
+        }
+    // Messages of this session that arrived while the previous one was still in flight.
+    auto early = std::move(early_);
+    early_.clear();
+    for (auto& e : early)
+      if (s_ && e.session == id) take(e.kind, e.from, e.bytes);
   }
 
   /// Sends this source's groups of layer `l`: each piece straight from the tensor (or
@@ -386,7 +408,10 @@ class source_engine {
     auto& s = *s_;
     s.layer_sent[l] = true;
     auto groups = plan_.sent_by_source(index_, l);
-    if (groups.empty()) return;
+    if (groups.empty()) {
+      digest_layer(l);
+      return;
+    }
     std::map<std::uint32_t, std::vector<std::uint32_t>> holders;  // piece -> groups holding it
     for (auto g : groups)
       for (auto pi : plan_.groups()[g].pieces) holders[pi].push_back(g);
@@ -399,6 +424,7 @@ class source_engine {
         if (!s_) return;  // the session failed while waiting for staging space
       }
       const std::uint64_t sum = Checksum::compute(src);
+      if (!s.piece_sums.empty()) s.piece_sums[pi] = sum;
       for (auto g : gs) {
         int dest = roles_.clones[plan_.groups()[g].to];
         auto r = s.out.send(comm_, dest, layer_tag(base(), l, false, false), src);
@@ -411,6 +437,23 @@ class source_engine {
     }
     for (auto& [g, h] : headers)
       s.out.send_owned(comm_, roles_.clones[plan_.groups()[g].to], layer_tag(base(), l, false, true), h.encode());
+    digest_layer(l, &holders);
+  }
+
+  /// verify_replicas: checksums the pieces of layer `l` (final for iteration k) that this
+  /// source did not just send and sum (`sent`), and once every layer is done sends the
+  /// folded digest of its whole replica to every clone rank.
+  void digest_layer(std::size_t l, const std::map<std::uint32_t, std::vector<std::uint32_t>>* sent = nullptr) {
+    auto& s = *s_;
+    if (s.piece_sums.empty()) return;
+    for (auto pi : s.layer_pieces[l]) {
+      if (sent && sent->count(pi)) continue;
+      auto& p = plan_.pieces()[pi];
+      s.piece_sums[pi] = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
+    }
+    if (++s.layers_digested < layout_.layer_count()) return;
+    digest_msg m{s.id, s.k, index_, checksum::fold_pieces(s.piece_sums)};
+    for (int c : roles_.clones) s.out.send_owned(comm_, c, base() + tag_digest, m.encode());
   }
 
   /// Copies `src` into the staging ring (as its newest slot), first waiting for the
@@ -471,44 +514,70 @@ class source_engine {
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       if (auto b = s.cancels[j].test(comm_)) {
         any = true;
-        try {
-          auto m = cancel_msg::decode(*b);
-          if (m.session == s.id) {
-            fail_session(errc::cancelled, "clone rank " + std::to_string(roles_.clones[j]) + " cancelled session " +
-                                              std::to_string(s.id) + " at source " + std::to_string(index_));
-            return true;
-          }
-        } catch (const error&) {
-        }
+        if (take(from_clone::cancel, j, *b)) return true;
         s.cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
       }
       if (auto b = s.acks_in[j].test(comm_)) {
         any = true;
-        try {
-          auto m = ack_msg::decode(*b);
-          if (m.session == s.id)
-            for (auto l : m.layers)
-              if (l < s.acks.size() && !s.acked[j][l]) {
-                s.acked[j][l] = 1;
-                ++s.acks[l];
-              }
-        } catch (const error&) {
-        }
+        take(from_clone::ack, j, *b);
         s.acks_in[j].post(comm_, roles_.clones[j], base() + tag_ack, control_bytes);
       }
       if (auto b = s.refetches_in[j].test(comm_)) {
         any = true;
-        try {
-          auto m = refetch_msg::decode(*b);
-          if (m.session == s.id && m.group < plan_.groups().size() && plan_.groups()[m.group].to == j)
-            s.refetch_queue[j].push_back(m.group);
-        } catch (const error&) {
-        }
+        take(from_clone::refetch, j, *b);
         s.refetches_in[j].post(comm_, roles_.clones[j], base() + tag_refetch, control_bytes);
       }
       any |= serve_refetches(j);
     }
     return any;
+  }
+
+  enum class from_clone { cancel, ack, refetch };
+
+  /// Applies a control message from clone index `j` to the session in flight; true if it
+  /// ended the session (a cancel). A message naming another session is kept for later:
+  /// a clone rank may already be one session ahead of this source (it completed session i
+  /// with the other sources' data and requested i + 1 while this source, a step behind,
+  /// still closes i), so its acknowledgements, refetches and cancels of i + 1 can arrive
+  /// here first. Dropping them would leave this source waiting for acknowledgements that
+  /// never come again. Undecodable messages are ignored. `apply = false`: only keep
+  /// messages of other sessions (the session in flight is ending).
+  bool take(from_clone kind, std::uint32_t j, std::span<const std::byte> b, bool apply = true) {
+    auto& s = *s_;
+    try {
+      std::uint64_t session = 0;
+      switch (kind) {
+        case from_clone::cancel: session = cancel_msg::decode(b).session; break;
+        case from_clone::ack: session = ack_msg::decode(b).session; break;
+        case from_clone::refetch: session = refetch_msg::decode(b).session; break;
+      }
+      if (session != s.id) {
+        early_.push_back({kind, j, session, std::vector<std::byte>(b.begin(), b.end())});
+        if (early_.size() > max_early) early_.pop_front();
+        return false;
+      }
+      if (!apply) return false;
+      switch (kind) {
+        case from_clone::cancel:
+          fail_session(errc::cancelled, "clone rank " + std::to_string(roles_.clones[j]) + " cancelled session " +
+                                            std::to_string(s.id) + " at source " + std::to_string(index_));
+          return true;
+        case from_clone::ack:
+          for (auto l : ack_msg::decode(b).layers)
+            if (l < s.acks.size() && !s.acked[j][l]) {
+              s.acked[j][l] = 1;
+              ++s.acks[l];
+            }
+          return false;
+        case from_clone::refetch: {
+          auto m = refetch_msg::decode(b);
+          if (m.group < plan_.groups().size() && plan_.groups()[m.group].to == j) s.refetch_queue[j].push_back(m.group);
+          return false;
+        }
+      }
+    } catch (const error&) {
+    }
+    return false;
   }
 
   /// Sends queued refetched groups to clone index `j`, oldest first (the clone posted its
@@ -625,9 +694,12 @@ class source_engine {
 
   void end_session() {
     s_->out.cancel_all(comm_);
-    for (auto& c : s_->cancels) c.cancel(comm_);
-    for (auto& c : s_->acks_in) c.cancel(comm_);
-    for (auto& c : s_->refetches_in) c.cancel(comm_);
+    // A receive may have matched a message of the next session meanwhile: keep it.
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
+      if (auto b = s_->cancels[j].withdraw(comm_)) take(from_clone::cancel, j, *b, false);
+      if (auto b = s_->acks_in[j].withdraw(comm_)) take(from_clone::ack, j, *b, false);
+      if (auto b = s_->refetches_in[j].withdraw(comm_)) take(from_clone::refetch, j, *b, false);
+    }
     s_.reset();
     post_control();
   }
@@ -658,6 +730,14 @@ class source_engine {
   std::vector<std::optional<request_msg>> got_;
   inbox_slot<Comm> decision_;                     // other sources
   outbox<Comm> trailing_;                         // control messages outliving sessions
+  struct early_message {
+    from_clone kind;
+    std::uint32_t from;
+    std::uint64_t session;
+    std::vector<std::byte> bytes;
+  };
+  static constexpr std::size_t max_early = 64;
+  std::deque<early_message> early_;               // clone messages naming another session (see take())
   std::uint64_t served_ = 0, completed_ = 0, failed_ = 0;
   /// Session ids are unique across source engines (and processes), so that a stale message
   /// of an earlier engine on the same ranks is never taken for one of this engine's.

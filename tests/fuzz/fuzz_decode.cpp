@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data) + 1, size - 1);
   try {
-    switch (data[0] % 9) {
+    switch (data[0] % 12) {
       case 0: { auto l = dc::layout::decode(b); (void)l.fingerprint(); (void)l.encode(); break; }
       case 1: { auto m = dc::metadata::decode(b); if (!(dc::metadata::decode(m.encode()) == m)) __builtin_trap(); break; }
       case 2: (void)dc::detail::request_msg::decode(b); break;
@@ -24,6 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 6: (void)dc::detail::status_msg::decode(b); break;
       case 7: (void)dc::detail::summary_msg::decode(b); break;
       case 8: (void)dc::detail::cancel_msg::decode(b); break;
+      case 9: { auto m = dc::detail::ack_msg::decode(b); if (m.encode().size() != b.size()) __builtin_trap(); break; }
+      case 10: (void)dc::detail::refetch_msg::decode(b); break;
+      case 11: (void)dc::detail::digest_msg::decode(b); break;
     }
   } catch (const dc::error&) {
   }

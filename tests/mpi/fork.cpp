@@ -57,6 +57,7 @@ typename Engine::settings test_settings() {
 struct clone_options {
   std::chrono::milliseconds before_wait{0};  ///< idle (no MPI calls) between request and wait
   std::vector<std::size_t> sizes = harness::default_sizes();
+  bool verify_replicas = false;  ///< clone ranks ask every source for its replica's digest
 };
 
 struct outcome {
@@ -73,6 +74,7 @@ outcome fork_once(int n, int m, const harness::loop_options& lo, const clone_opt
   dm::communicator comm(fc.c, mo);
   const auto roles = dc::roles::contiguous(n, m);
   auto s = test_settings<Engine>();
+  s.verify_replicas = co.verify_replicas;
   outcome out;
   if (comm.rank() < n) {
     model md(harness::default_sizes());
@@ -95,6 +97,7 @@ outcome fork_once(int n, int m, const harness::loop_options& lo, const clone_opt
       auto rep = dst.report();
       CHECK(rep.iteration == out.k);
       CHECK(rep.state_bytes == md.st.describe().total_bytes());
+      CHECK(rep.replicas_verified == (co.verify_replicas ? static_cast<std::uint32_t>(n) : 0u));
     } catch (const dc::error& e) {
       out.err = e;
     }
@@ -152,6 +155,15 @@ TEST_CASE("policies: every pipeline and reconstruction policy, sources [0,N) and
     runs += 6;
   }
   CHECK(runs > 0);
+}
+
+TEST_CASE("policies: verify_replicas, every source confirms the received state with its replica's digest") {
+  const int w = world_size();
+  const int m = w >= 3 ? 2 : 1;
+  clone_options co;
+  co.verify_replicas = true;
+  fork_and_check<engine_t<dc::pipeline::window, dc::reconstruct::scatter_exchange>>(w - m, m, {}, co);
+  fork_and_check<engine_t<dc::pipeline::blocking, dc::reconstruct::direct>>(w - m, m, {}, co);
 }
 
 TEST_CASE("policies: split MPI messages (max_message_bytes below the piece size) keep every byte in place") {

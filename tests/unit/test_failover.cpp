@@ -6,6 +6,7 @@
 #include <deepclone/deepclone.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <list>
@@ -85,9 +86,17 @@ struct outcome {
   std::vector<std::uint64_t> source_steps;
 };
 
+/// Options of a run beyond the tampering rule.
+struct options {
+  std::optional<int> stop_early;  ///< source that calls finish() right after it learns k
+  bool verify_replicas = false;   ///< clone ranks ask for every source's replica digest
+  std::optional<int> drifted;     ///< source whose replica differs in one bit of fc1.weight[0]
+};
+
 /// N sources train (coupled by a barrier) while M clone ranks fork. `stop_early`: source
 /// index that calls finish() right after it learns k (then trains on without deepclone).
-outcome run(int n, int m, std::shared_ptr<rule> r, std::optional<int> stop_early = {}) {
+outcome run(int n, int m, std::shared_ptr<rule> r, options opt = {}) {
+  const std::optional<int> stop_early = opt.stop_early;
   const auto roles = dc::roles::contiguous(n, m);
   dc::inproc::world world(n + m);
   std::atomic<int> finished{0};
@@ -102,6 +111,7 @@ outcome run(int n, int m, std::shared_ptr<rule> r, std::optional<int> stop_early
   s.timeout = std::chrono::seconds(20);  // generous: CI machines are loaded
   s.failover_after = std::chrono::milliseconds(1000);
   s.shard.threshold = 64 * 1024;
+  s.verify_replicas = opt.verify_replicas;
   world.run([&](dc::inproc::communicator& inner) {
     tampering c(inner, r);
     model md;
@@ -113,6 +123,7 @@ outcome run(int n, int m, std::shared_ptr<rule> r, std::optional<int> stop_early
         for (std::size_t l = 2; l-- > 0;) {
           if (hooked) src.before_update(l);
           md.update(l, step);
+          if (opt.drifted && c.rank() == *opt.drifted && l == 0) md.w[0] = std::nextafter(md.w[0], 1e30f);
           if (hooked) src.after_update(l);
         }
         dc::barrier(inner, roles.sources, 10);
@@ -187,7 +198,7 @@ TEST_CASE("a corrupted header is fetched again from another source") {
 
 TEST_CASE("a source that leaves before the fork iteration is replaced by the others") {
   auto r = std::make_shared<rule>([](int, int, int, std::size_t) { return action::pass; });
-  auto o = run(3, 2, r, 2);
+  auto o = run(3, 2, r, {.stop_early = 2});
   check_exact(o);
   CHECK(o.reports[0].refetched_groups >= 1);
 }
@@ -209,4 +220,67 @@ TEST_CASE("when every source corrupts a piece, the clone fails clearly instead o
   auto o = run(2, 1, r);
   REQUIRE(o.errors[0].has_value());
   CHECK(*o.errors[0] == dc::errc::corrupt_message);
+}
+
+TEST_CASE("verify_replicas: every source confirms the received state with the digest of its replica") {
+  auto pass = std::make_shared<rule>([](int, int, int, std::size_t) { return action::pass; });
+  auto o = run(3, 2, pass, {.verify_replicas = true});
+  check_exact(o);
+  for (auto& rep : o.reports) CHECK(rep.replicas_verified == 3);
+  // Without the option no digest is asked for.
+  auto plain = run(2, 1, pass);
+  check_exact(plain);
+  CHECK(plain.reports[0].replicas_verified == 0);
+}
+
+TEST_CASE("verify_replicas: a replica that drifted by one bit is named; without the option it goes unnoticed") {
+  auto pass = std::make_shared<rule>([](int, int, int, std::size_t) { return action::pass; });
+  // Source 2's fc1.weight[0] differs; that byte is sent by source 0 (split_even over 3), so
+  // every piece still matches its own sender's checksum.
+  auto unchecked = run(3, 1, pass, {.drifted = 2});
+  check_exact(unchecked);
+  auto o = run(3, 2, pass, {.verify_replicas = true, .drifted = 2});
+  for (auto& e : o.errors) {
+    REQUIRE(e.has_value());
+    CHECK(*e == dc::errc::replica_mismatch);
+  }
+}
+
+TEST_CASE("verify_replicas: a source that leaves before k is not waited for; the others confirm") {
+  auto pass = std::make_shared<rule>([](int, int, int, std::size_t) { return action::pass; });
+  auto o = run(3, 1, pass, {.stop_early = 2, .verify_replicas = true});
+  check_exact(o);
+  CHECK(o.reports[0].replicas_verified == 2);
+}
+
+TEST_CASE("verify_replicas: a source whose digest never arrives is presumed failed after failover_after") {
+  auto r = std::make_shared<rule>([](int from, int, int tag, std::size_t) {
+    return from == 1 && tag == base + 12 ? action::drop : action::pass;  // tag_digest
+  });
+  auto o = run(3, 1, r, {.verify_replicas = true});
+  check_exact(o);
+  CHECK(o.reports[0].replicas_verified == 2);
+}
+
+TEST_CASE("verify_replicas needs a checksum policy") {
+  using plain = dc::engine<dc::inproc::communicator, dc::shard::split_even, dc::pipeline::window,
+                           dc::reconstruct::direct, dc::checksum::none>;
+  dc::inproc::world world(2);
+  std::optional<dc::errc> got;
+  world.run([&](dc::inproc::communicator& c) {
+    if (c.rank() != 1) return;
+    std::vector<float> w(16);
+    dc::state<std::vector<float>> st;
+    st.add_layer("l", {{"w", w}});
+    plain::settings s;
+    s.verify_replicas = true;
+    plain::clone<std::vector<float>> dst(c, dc::roles::contiguous(1, 1), st, s);
+    try {
+      dst.request();
+    } catch (const dc::error& e) {
+      got = e.kind();
+    }
+  });
+  REQUIRE(got.has_value());
+  CHECK(*got == dc::errc::unsupported);
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -149,11 +150,22 @@ class inbox_slot {
     return std::nullopt;
   }
   bool posted() const noexcept { return posted_; }
-  void cancel(Comm& c) noexcept {
-    if (posted_) {
-      try { c.cancel(req_); } catch (...) {}
-      posted_ = false;
+  void cancel(Comm& c) noexcept { (void)withdraw(c); }
+  /// Cancels the receive; if a message had already arrived (a cancel cannot undo a
+  /// receive that matched), returns its bytes so the caller can still act on it. Control
+  /// messages are never empty, so a completion of 0 bytes means "cancelled".
+  std::optional<std::span<const std::byte>> withdraw(Comm& c) noexcept {
+    if (!posted_) return std::nullopt;
+    posted_ = false;
+    try {
+      c.cancel(req_);
+      if (auto n = c.test(req_); n && *n > 0) {
+        received_ = *n;
+        return std::span<const std::byte>(buffer_.data(), *n);
+      }
+    } catch (...) {
     }
+    return std::nullopt;
   }
 
  private:

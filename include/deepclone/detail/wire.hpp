@@ -33,6 +33,7 @@ enum tag : int {
   tag_refetch = 9,      ///< clone -> a source: send this group again (failover, corruption)
   tag_refetch_data = 10,    ///< source -> clone: a refetched group's pieces
   tag_refetch_header = 11,  ///< source -> clone: a refetched group's header
+  tag_digest = 12,      ///< source -> clone: the digest of its whole replica at iteration k
   tag_layers = 16,      ///< then 4 tags per layer: data, header, exchange data, exchange header
 };
 inline int layer_tag(int base, std::size_t layer, bool exchange, bool header) {
@@ -59,15 +60,24 @@ inline void check_magic(reader& r) {
   if (r.u32() != magic) r.fail("bad magic word (not a deepclone message, or corrupt)");
 }
 
+/// Options a clone asks of the sources; the coordinator passes on the union of every clone
+/// rank's options in its decision.
+enum request_flag : std::uint32_t {
+  flag_verify_replicas = 1,  ///< every source sends the digest of its whole replica (tag_digest)
+};
+inline constexpr std::uint32_t known_flags = flag_verify_replicas;
+
 struct request_msg {
   std::uint32_t clone_index = 0;
   std::uint64_t attempt = 0;
   std::uint64_t layout_fingerprint = 0;
   plan_key key;
+  std::uint32_t flags = 0;
   std::vector<std::byte> encode() const {
     writer w;
     w.u32(magic); w.u32(clone_index); w.u64(attempt); w.u64(layout_fingerprint);
     key.encode(w);
+    w.u32(flags);
     return w.take();
   }
   static request_msg decode(std::span<const std::byte> b) {
@@ -76,6 +86,8 @@ struct request_msg {
     request_msg m;
     m.clone_index = r.u32(); m.attempt = r.u64(); m.layout_fingerprint = r.u64();
     m.key = plan_key::decode(r);
+    m.flags = r.u32();
+    if (m.flags & ~known_flags) r.fail("unknown request flags " + std::to_string(m.flags));
     r.expect_end();
     return m;
   }
@@ -90,11 +102,13 @@ struct decision_msg {
   std::uint64_t layout_bytes = 0;  ///< size of the layout message that follows a refusal
   std::uint32_t offending_clone = 0;
   plan_key key;  ///< the sources' key
+  std::uint32_t flags = 0;  ///< the union of the clone ranks' request flags
   std::vector<std::byte> encode() const {
     writer w;
     w.u32(magic); w.u32(static_cast<std::uint32_t>(status)); w.u64(session); w.u64(iteration);
     w.u64(layout_bytes); w.u32(offending_clone);
     key.encode(w);
+    w.u32(flags);
     return w.take();
   }
   static decision_msg decode(std::span<const std::byte> b) {
@@ -106,6 +120,8 @@ struct decision_msg {
     m.status = static_cast<verdict>(s);
     m.session = r.u64(); m.iteration = r.u64(); m.layout_bytes = r.u64(); m.offending_clone = r.u32();
     m.key = plan_key::decode(r);
+    m.flags = r.u32();
+    if (m.flags & ~known_flags) r.fail("unknown decision flags " + std::to_string(m.flags));
     r.expect_end();
     return m;
   }
@@ -256,6 +272,28 @@ struct ack_msg {
     auto n = r.u32();
     if (n > max_layers || n > r.remaining() / 4) r.fail("layer count " + std::to_string(n) + " exceeds the message");
     for (std::uint32_t i = 0; i < n; ++i) m.layers.push_back(r.u32());
+    r.expect_end();
+    return m;
+  }
+};
+
+/// A source's digest of its whole replica at the fork iteration: the checksums of every
+/// piece of the plan (not only the ones it sends), folded in plan order
+/// (`checksum::fold_pieces`). Equal digests from every source mean the replicas agree.
+struct digest_msg {
+  std::uint64_t session = 0, iteration = 0;
+  std::uint32_t source_index = 0;
+  std::uint64_t digest = 0;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic); w.u64(session); w.u64(iteration); w.u32(source_index); w.u64(digest);
+    return w.take();
+  }
+  static digest_msg decode(std::span<const std::byte> b) {
+    reader r(b, "replica digest");
+    check_magic(r);
+    digest_msg m;
+    m.session = r.u64(); m.iteration = r.u64(); m.source_index = r.u32(); m.digest = r.u64();
     r.expect_end();
     return m;
   }
