@@ -367,7 +367,7 @@ std::string svg(const std::vector<record>& rs, const std::string& title) {
   for (std::size_t i = 0; i < rs.size(); ++i) {
     auto& r = rs[i];
     int y = top + row * static_cast<int>(i);
-    std::string label = r.link + " · " + r.trainer + " · " + r.strategy + (r.strategy == "deepclone" ? " " + r.pipeline + "/" + r.reconstruction : "");
+    std::string label = r.link + " · " + r.trainer + " · " + r.strategy + (r.strategy.starts_with("deepclone") ? " " + r.pipeline + "/" + r.reconstruction : "");
     o << "<text x=\"10\" y=\"" << y + 12 << "\">" << label << "</text>\n";
     double rw = panel_w * r.readiness_s / max_r;
     o << "<rect x=\"" << label_w << "\" y=\"" << y + 2 << "\" width=\"" << f3(rw, 1) << "\" height=\"" << row - 5
@@ -479,7 +479,9 @@ int main(int argc, char** argv) {
     r.bound_s = std::max(S / (N * cx.B), S / cx.B);
     auto p = model_params(cx, r, disk_w, disk_r);
     model::prediction pr;
-    if (r.strategy == "deepclone") pr = model::deepclone(p, r.pipeline, r.reconstruction);
+    // The model has no term for the replica digests: the verified run is predicted as the
+    // plain one, so the difference shows their cost.
+    if (r.strategy == "deepclone" || r.strategy == "deepclone+verify") pr = model::deepclone(p, r.pipeline, r.reconstruction);
     else if (r.strategy == "root_broadcast") pr = model::deepclone(p, "blocking", "direct", true);
     else pr = model::checkpoint(p, r.strategy == "checkpoint_deepfreeze");
     r.predicted_readiness_s = pr.readiness_s;
@@ -494,9 +496,11 @@ int main(int argc, char** argv) {
   std::vector<strat> strategies{{"checkpoint", "", ""}, {"checkpoint_deepfreeze", "", ""}, {"root_broadcast", "", ""}};
   for (auto p : {"window", "staged", "blocking"})
     for (auto r : {"scatter_exchange", "direct"}) strategies.push_back({"deepclone", p, r});
+  strategies.push_back({"deepclone+verify", "window", "scatter_exchange"});
   if (cfg.quick) strategies = {{"checkpoint", "", ""}, {"root_broadcast", "", ""}, {"deepclone", "window", "scatter_exchange"}, {"deepclone", "staged", "direct"}};
   auto run_one = [&](context& cx, const strat& s) {
     if (s.kind == "deepclone") return run_deepclone(cx, s.pipeline, s.recon);
+    if (s.kind == "deepclone+verify") return run_deepclone_verified(cx);
     if (s.kind == "root_broadcast") return run_root_broadcast(cx);
     return run_checkpoint(cx, s.kind == "checkpoint_deepfreeze");
   };

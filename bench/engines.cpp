@@ -126,10 +126,11 @@ record run_engine(context& c, typename Engine::settings settings, const std::str
 }
 
 template <class P, class R>
-record run_policy(context& c, const std::string& name) {
+record run_policy(context& c, const std::string& name, bool verify_replicas = false) {
   using E = deepclone::engine<link, deepclone::shard::split_even, P, R>;
   typename E::settings s;
   s.timeout = std::chrono::seconds(120);
+  s.verify_replicas = verify_replicas;
   return run_engine<E>(c, s, name);
 }
 
@@ -145,6 +146,10 @@ record run_deepclone(context& c, const std::string& p, const std::string& r) {
   if (p == "blocking" && r == "scatter_exchange") return run_policy<pl::blocking, rc::scatter_exchange>(c, "deepclone");
   if (p == "blocking" && r == "direct") return run_policy<pl::blocking, rc::direct>(c, "deepclone");
   throw std::invalid_argument("unknown deepclone policies " + p + "/" + r);
+}
+
+record run_deepclone_verified(context& c) {
+  return run_policy<deepclone::pipeline::window, deepclone::reconstruct::scatter_exchange>(c, "deepclone+verify", true);
 }
 
 record run_root_broadcast(context& c) {
