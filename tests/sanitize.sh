@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Sanitizer builds of the tests: the unit tests (and the fault tests) with
-# AddressSanitizer + UndefinedBehaviorSanitizer, the in-process tests (unit.clone,
-# unit.transport, fault.*) with ThreadSanitizer. unit.clone runs a subset of its cases
-# (doctest filters) to keep the whole script within a few minutes on 2 cores.
+# Sanitizer builds of the tests (CI runs this after tests/run_all.sh): the unit tests and the
+# in-process fault tests with AddressSanitizer + UndefinedBehaviorSanitizer, the in-process
+# tests (unit.transport, unit.clone, unit.failover, fault.matrix) with ThreadSanitizer.
+# unit.clone, unit.failover and fault.matrix run subsets of their cases (doctest filters) to
+# keep the whole script near 20 minutes on 2 cores; the builds take most of it.
 # Usage: tests/sanitize.sh [asan|tsan|all]   (build dirs: build-asan, build-tsan)
 set -euo pipefail
 what=${1:-all}
@@ -15,9 +16,11 @@ if [[ $what == asan || $what == all ]]; then
   b=$root/build-asan
   run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" >/dev/null
-  run cmake --build "$b" -j"$jobs" --target unit.plan unit.transport unit.clone unit.errors unit.training fault.matrix fault.input
+  units=(plan transport errors training failover link)
+  [[ -f /usr/include/xxhash.h ]] && units+=(xxhash)
+  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input "${units[@]/#/unit.}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  for t in plan transport errors training; do run "$b/tests/unit/unit.$t"; done
+  for t in "${units[@]}"; do run "$b/tests/unit/unit.$t"; done
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*silenced coordinator*'
   run "$b/tests/fault/fault.input" -tce='*64 MiB*'
@@ -26,10 +29,11 @@ if [[ $what == tsan || $what == all ]]; then
   b=$root/build-tsan
   run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" >/dev/null
-  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone fault.matrix
+  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.failover fault.matrix
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   run "$b/tests/unit/unit.transport"
   run "$b/tests/unit/unit.clone" "$clone_filter"
+  run "$b/tests/unit/unit.failover" -tc='*corrupted piece*,*verify_replicas: every*,*digest never*'
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*duplicate*,*silenced source*'
 fi
 echo "sanitize: OK"
