@@ -159,10 +159,17 @@ int run_clone(dm::communicator& comm, const dc::roles& roles, int n, const std::
     }
   MPI_Waitall(static_cast<int>(byes.size()), byes.data(), MPI_STATUSES_IGNORE);
   if (k != ~0ull) {
-    // Informative only: report() waits for every source's status, which a dead source never sends.
+    // report() does not wait for a source that failed or was presumed failed: it lists the
+    // dead one as failed, and the groups taken from the others as refetched.
     try {
-      say("clone report: " + dc::to_string(dst.report()));
+      auto rep = dst.report();
+      say("clone report: " + dc::to_string(rep));
+      if (die != "none" && (!rep.sources.at(static_cast<std::size_t>(n - 1)).failed || rep.refetched_groups == 0)) {
+        ok = false;
+        say("clone: the report does not show the dead source as failed with its groups refetched");
+      }
     } catch (const dc::error& e) {
+      ok = false;
       say(std::string("clone report unavailable: ") + e.what());
     }
   }
