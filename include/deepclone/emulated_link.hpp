@@ -108,7 +108,9 @@ struct link_slot {
   int from = 0, to = 0, tag = 0;
   std::size_t bytes = 0;                 ///< send size (receives: buffer size until matched)
   std::optional<time_point> done;        ///< set once matched
-  std::shared_ptr<link_slot> partner;    ///< the other side, once matched
+  /// The other side, once matched. Weak: each side is owned by its request, and two
+  /// owning pointers would keep every matched pair alive forever.
+  std::weak_ptr<link_slot> partner;
   bool finished = false;                 ///< reported complete or cancelled by its owner
 };
 }  // namespace detail
@@ -173,7 +175,7 @@ class link_fabric {
       if (auto it = std::find(q.begin(), q.end(), s); it != q.end()) q.erase(it);
       return;
     }
-    if (auto p = s->partner; p && !p->finished) {
+    if (auto p = s->partner.lock(); p && !p->finished) {
       int powner = p->is_send ? p->from : p->to;
       erase_deadline(powner, *p->done);
       p->done.reset();
