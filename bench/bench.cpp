@@ -177,15 +177,7 @@ record run_checkpoint(context& c, bool sharded) {
               }
             }
           }
-          auto now = clock::now();
-          sh.durations[*i].push_back(secs(last, now));
-          if (flags[1] > 0) break;
-          if (*i == 0) {
-            sh.progress0 = tr.step;
-            if (tr.step == static_cast<std::uint64_t>(c.cfg.warmup))
-              while (sh.requested.load() < M && !sh.aborted.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-          }
-          last = clock::now();
+          if (sh.iteration_done(*i, tr.step, flags[1] > 0, M, c.cfg.warmup, last)) break;
         }
       } else {
         const auto j = static_cast<std::size_t>(*roles.clone_index(rank));

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "bench_common.hpp"
 
@@ -33,6 +34,22 @@ struct run_shared {
   std::uint64_t k = 0;
   clock::time_point t_first_final{}, t_req{};     // first layer of k final (source 0); first request
   bool have_first_final = false;
+
+  /// A source's bookkeeping after each iteration, the same for every strategy: records the
+  /// iteration's duration; unless `stop`, source 0 publishes its progress and, at the end
+  /// of the warm-up, holds until every clone rank has asked (so all strategies fork alike).
+  /// Returns `stop`, for `if (sh.iteration_done(...)) break;`.
+  bool iteration_done(std::size_t source, std::uint64_t step, bool stop, int clones, int warmup, clock::time_point& last) {
+    durations[source].push_back(secs(last, clock::now()));
+    if (stop) return true;
+    if (source == 0) {
+      progress0 = step;
+      if (step == static_cast<std::uint64_t>(warmup))
+        while (requested.load() < clones && !aborted.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    last = clock::now();
+    return false;
+  }
 };
 
 inline std::vector<float> sample(replica& r) {

@@ -463,11 +463,17 @@ class communicator {
       detail::check(rc, [&] { return where("MPI_Test", false, o.peer, o.tag, o.size); });
     }
     if (!flag) return;
+    first_completed(o, st);
+  }
+
+  /// Records a receive's first piece completing with status `st`: cancelled, complete, or
+  /// (a full chunk of a message that may be split) waiting for its continuations.
+  void first_completed(detail::op& o, const MPI_Status& st) {
     o.first_done = true;
     int cancelled = 0;
     MPI_Test_cancelled(&st, &cancelled);
     if (cancelled) {
-      o.complete = o.cancelled = true;
+      o.complete = o.cancelled = true;  // never matched: it holds no place in the split queue order
       return;
     }
     int count = 0;
@@ -537,18 +543,7 @@ class communicator {
       MPI_Cancel(&o.reqs[0]);
       MPI_Status st;
       MPI_Wait(&o.reqs[0], &st);
-      o.first_done = true;
-      int cancelled = 0;
-      MPI_Test_cancelled(&st, &cancelled);
-      if (cancelled) {
-        o.complete = o.cancelled = true;  // never matched: it holds no place in the split queue order
-        return;
-      }
-      int count = 0;
-      MPI_Get_count(&st, MPI_BYTE, &count);
-      o.received = static_cast<std::size_t>(count);
-      if (o.may_split && o.received == s_->chunk) o.draining = true;
-      else o.complete = true;
+      first_completed(o, st);
     }
     if (o.complete) return;
     // It matched a split message: its continuations are on their way (a sender never
