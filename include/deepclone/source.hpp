@@ -544,33 +544,35 @@ class source_engine {
   /// messages of other sessions (the session in flight is ending).
   bool take(from_clone kind, std::uint32_t j, std::span<const std::byte> b, bool apply = true) {
     auto& s = *s_;
+    // True (and the message kept for later) when it names another session.
+    auto elsewhere = [&](std::uint64_t session) {
+      if (session == s.id) return false;
+      early_.push_back({kind, j, session, std::vector<std::byte>(b.begin(), b.end())});
+      if (early_.size() > max_early) early_.pop_front();
+      return true;
+    };
     try {
-      std::uint64_t session = 0;
       switch (kind) {
-        case from_clone::cancel: session = cancel_msg::decode(b).session; break;
-        case from_clone::ack: session = ack_msg::decode(b).session; break;
-        case from_clone::refetch: session = refetch_msg::decode(b).session; break;
-      }
-      if (session != s.id) {
-        early_.push_back({kind, j, session, std::vector<std::byte>(b.begin(), b.end())});
-        if (early_.size() > max_early) early_.pop_front();
-        return false;
-      }
-      if (!apply) return false;
-      switch (kind) {
-        case from_clone::cancel:
+        case from_clone::cancel: {
+          auto m = cancel_msg::decode(b);
+          if (elsewhere(m.session) || !apply) return false;
           fail_session(errc::cancelled, "clone rank " + std::to_string(roles_.clones[j]) + " cancelled session " +
                                             std::to_string(s.id) + " at source " + std::to_string(index_));
           return true;
-        case from_clone::ack:
-          for (auto l : ack_msg::decode(b).layers)
+        }
+        case from_clone::ack: {
+          auto m = ack_msg::decode(b);
+          if (elsewhere(m.session) || !apply) return false;
+          for (auto l : m.layers)
             if (l < s.acks.size() && !s.acked[j][l]) {
               s.acked[j][l] = 1;
               ++s.acks[l];
             }
           return false;
+        }
         case from_clone::refetch: {
           auto m = refetch_msg::decode(b);
+          if (elsewhere(m.session) || !apply) return false;
           if (m.group < plan_.groups().size() && plan_.groups()[m.group].to == j) s.refetch_queue[j].push_back(m.group);
           return false;
         }
