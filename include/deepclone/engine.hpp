@@ -115,6 +115,18 @@ class engine {
         : detail::clone_engine<engine, T>(comm, r, st, std::move(s)) {}
   };
 
+  // Deduction guides, so that `cloning::source src(comm, roles, state);` deduces T from
+  // deepclone::state<T>. g++ 12 deduces it from the constructors alone; clang 14 does not
+  // deduce a member template of a class template without them.
+  template <tensor T>
+  source(Comm&, const deepclone::roles&, deepclone::state<T>&) -> source<T>;
+  template <tensor T>
+  source(Comm&, const deepclone::roles&, deepclone::state<T>&, settings) -> source<T>;
+  template <tensor T>
+  clone(Comm&, const deepclone::roles&, deepclone::state<T>&) -> clone<T>;
+  template <tensor T>
+  clone(Comm&, const deepclone::roles&, deepclone::state<T>&, settings) -> clone<T>;
+
   /// The plan every rank of this engine computes for `lay`. The staged pipeline cuts
   /// pieces to fit its staging ring, so the plan depends on it too.
   static deepclone::plan make_plan(const layout& lay, const deepclone::roles& r, const settings& s) {

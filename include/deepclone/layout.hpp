@@ -135,7 +135,10 @@ class layout {
 namespace detail {
 inline std::string shape_string(const std::vector<std::int64_t>& s) {
   std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "x" : "") + std::to_string(s[i]);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i) out += 'x';  // not `(i ? "x" : "") + std::to_string(...)`: g++ 12 -O2 warns -Wrestrict on it
+    out += std::to_string(s[i]);
+  }
   return out + "]";
 }
 }  // namespace detail
