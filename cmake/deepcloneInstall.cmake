@@ -3,7 +3,7 @@ include(CMakePackageConfigHelpers)
 
 set(deepclone_install_cmakedir ${CMAKE_INSTALL_LIBDIR}/cmake/deepclone)
 set(deepclone_export_targets deepclone)
-foreach(t deepclone_boost_mpi deepclone_fmt deepclone_xxhash)
+foreach(t deepclone_boost_mpi deepclone_fmt deepclone_xxhash deepclone_json)
   if(TARGET ${t})
     list(APPEND deepclone_export_targets ${t})
   endif()

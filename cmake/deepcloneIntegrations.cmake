@@ -3,6 +3,7 @@
 #   deepclone::boost_mpi  Boost.MPI + MPI          <deepclone/integrations/boost_mpi.hpp>
 #   deepclone::fmt        fmt                      <deepclone/integrations/fmt.hpp>
 #   deepclone::xxhash     xxHash (header only)     <deepclone/integrations/xxhash.hpp>
+#   deepclone::json       nlohmann-json            <deepclone/integrations/json.hpp>
 #   deepclone::thrust_cpp Thrust on the CPU        <deepclone/integrations/thrust.hpp>
 #   deepclone::cuda       CUDA Toolkit + Thrust    <deepclone/integrations/cuda.hpp>
 
@@ -48,6 +49,20 @@ if(DEEPCLONE_XXHASH_INCLUDE_DIR AND EXISTS ${deepclone_integration_dir}/xxhash.h
 else()
   set(DEEPCLONE_HAVE_XXHASH OFF)
   message(STATUS "deepclone: xxhash.h not found (libxxhash-dev); the xxh3 checksum integration and its tests are skipped")
+endif()
+
+# deepclone::json: the report as JSON through nlohmann-json (Debian: nlohmann-json3-dev).
+find_package(nlohmann_json 3.2 QUIET)
+if(nlohmann_json_FOUND AND EXISTS ${deepclone_integration_dir}/json.hpp)
+  add_library(deepclone_json INTERFACE)
+  add_library(deepclone::json ALIAS deepclone_json)
+  set_target_properties(deepclone_json PROPERTIES EXPORT_NAME json)
+  target_link_libraries(deepclone_json INTERFACE deepclone nlohmann_json::nlohmann_json)
+  set(DEEPCLONE_HAVE_JSON ON)
+  message(STATUS "deepclone: nlohmann-json found; the JSON report integration is enabled")
+else()
+  set(DEEPCLONE_HAVE_JSON OFF)
+  message(STATUS "deepclone: nlohmann-json not found (nlohmann-json3-dev); the JSON integration, its test and the benchmarks are skipped")
 endif()
 
 # --- Thrust on the CPU, and CUDA (integrations/thrust.hpp, integrations/cuda.hpp) --------
