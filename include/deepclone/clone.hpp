@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -45,12 +47,17 @@ class clone_engine {
   }
   clone_engine(const clone_engine&) = delete;
   clone_engine& operator=(const clone_engine&) = delete;
-  ~clone_engine() { abandon(); }
+  /// A clone rank that goes away mid-transfer tells the sources, which end the session
+  /// at once instead of waiting for its acknowledgements until their timeout.
+  ~clone_engine() {
+    if (in_flight()) tell_sources_cancel(errc::cancelled);
+    abandon();
+  }
 
   /// Asks the sources for a fork. Returns at once; the sources agree on the fork iteration
   /// while they train. Throws `errc::busy` while a request is in flight.
   void request() {
-    if (phase_ == phase::requested || phase_ == phase::refused || phase_ == phase::receiving)
+    if (in_flight())
       throw error(errc::busy, "clone rank " + std::to_string(index_) + ": request() while a clone is already in flight");
     abandon();
     layout_ = state_.describe();
@@ -62,22 +69,25 @@ class clone_engine {
     if (st_.verify_replicas && Checksum::id == checksum::none::id)
       throw error(errc::unsupported, "settings.verify_replicas needs a checksum policy; the engine uses checksum::none");
     plan_ = Engine::make_plan(layout_, roles_, st_);
-    check_tag_space(comm_, st_.tag_base, layout_.layer_count());
-    request_msg m{index_, ++attempt_, layout_.fingerprint(), plan_.key(), st_.verify_replicas ? flag_verify_replicas : 0u};
+    max_epochs_ = epochs_that_fit(comm_, st_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
+    nonce_ = nonces_();
+    request_msg m{index_, nonce_, layout_.fingerprint(), plan_.key(), st_.verify_replicas ? flag_verify_replicas : 0u};
     ctl_.send_owned(comm_, roles_.sources[0], st_.tag_base + tag_request, m.encode());
     decision_.post(comm_, roles_.sources[0], st_.tag_base + tag_decision, control_bytes);
     t_request_ = clock::now();
+    rearm_deadlines();
     standby_s_ = 0;
     ready_at_.assign(layout_.layer_count(), std::nullopt);
     phase_ = phase::requested;
   }
 
   /// Makes progress without blocking; true once the whole state is verified and in place.
-  /// Throws the clone's error if the clone failed.
+  /// Applies the same deadlines and failover as `wait()`, so a clone that only polls also
+  /// ends. Throws the clone's error if the clone failed.
   bool poll() {
     if (phase_ == phase::idle) throw error(errc::not_ready, "clone rank " + std::to_string(index_) + ": no request() was made");
     if (phase_ == phase::failed) throw error(failure_->code, failure_->what);
-    guarded_progress();
+    advance();
     send_summary();
     return phase_ == phase::complete;
   }
@@ -103,9 +113,9 @@ class clone_engine {
   /// Gives up the clone in flight: receives are withdrawn (no byte is written afterwards)
   /// and the sources are told to stop. A new request() may follow.
   void cancel() {
-    if (phase_ == phase::requested || phase_ == phase::receiving || phase_ == phase::refused) {
+    if (in_flight()) {
       failure_ = failure{errc::cancelled, "clone rank " + std::to_string(index_) + " cancelled the clone"};
-      tell_sources_cancel();
+      tell_sources_cancel(errc::cancelled);
       abandon();
       phase_ = phase::failed;
     }
@@ -121,19 +131,26 @@ class clone_engine {
     return phase_ == phase::receiving || phase_ == phase::complete ? std::optional(k_) : std::nullopt;
   }
 
-  /// The clone's report. Waits (bounded) for every source's figures and every other clone
-  /// rank's summary. Throws `errc::not_ready` before the clone is complete.
+  /// The clone's report. Waits (at most `settings.timeout`) for every source's figures and
+  /// every other clone rank's summary; figures that never came are reported missing (a
+  /// source as `failed`, a clone rank with NaN times), never as a failure of the clone,
+  /// whose state is complete and verified. Throws `errc::not_ready` before completion.
   deepclone::report report() {
     if (phase_ != phase::complete) {
       poll();
       if (phase_ != phase::complete) throw error(errc::not_ready, "report() before the clone is complete");
     }
     // A source that failed (or was presumed failed: failover) may never send its figures.
-    block([&] {
-      for (std::size_t i = 0; i < statuses_.size(); ++i)
-        if (!statuses_[i] && !failed_[i]) return false;
-      return std::all_of(summaries_.begin(), summaries_.end(), [](auto& s) { return s.has_value(); });
-    }, false);
+    const auto until = clock::now() + st_.timeout;
+    idler<Comm> idle(comm_);
+    for (;;) {
+      idle.mark();
+      guarded_progress();
+      bool all = std::all_of(summaries_.begin(), summaries_.end(), [](auto& s) { return s.has_value(); });
+      for (std::size_t i = 0; i < statuses_.size(); ++i) all = all && (statuses_[i] || failed_[i]);
+      if (all || clock::now() >= until) break;
+      idle.idle(until);
+    }
     deepclone::report r;
     r.session = session_;
     r.iteration = k_;
@@ -161,7 +178,7 @@ class clone_engine {
                            s.code != 0 || failed_[i]});
     }
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      summary_msg s = j == index_ ? my_summary() : *summaries_[j];
+      summary_msg s = j == index_ ? my_summary() : summaries_[j].value_or(summary_msg{0, j, 0, 0, NAN, NAN, NAN});
       r.clones.push_back({roles_.clones[j], s.bytes_from_sources, s.bytes_from_clones, s.readiness_s, s.standby_s, s.first_layer_s});
     }
     return r;
@@ -179,11 +196,13 @@ class clone_engine {
     std::uint32_t group;
     std::uint32_t refetch_from = original;  ///< source index serving it again, if refetched
     std::vector<char> tried;                ///< sources that could not deliver it intact
+    std::vector<std::uint64_t> expected;    ///< checksums announced by the first intact header
     bool short_piece = false;               ///< a data message shorter than its piece
     std::vector<std::byte> header;
     request_t header_req;
     bool header_done = false;
     std::vector<request_t> data;
+    bool data_posted = true;                ///< false while a refetch waits for its header
     std::size_t data_done = 0;
     std::vector<bool> done;
     bool verified = false;
@@ -194,29 +213,19 @@ class clone_engine {
       throw error(errc::invalid_argument, "layer " + std::to_string(l) + " of a state with " + std::to_string(ready_at_.size()) + " layers");
   }
 
+  bool in_flight() const noexcept { return phase_ == phase::requested || phase_ == phase::refused || phase_ == phase::receiving; }
+
   /// Blocks until `pred` holds, making progress; fails after `timeout` without progress.
   template <class Pred>
   void block(Pred pred, bool count_standby = true) {
     auto t0 = clock::now();
     idler<Comm> idle(comm_);
-    auto deadline = t0 + st_.timeout;
-    auto stall_check = t0 + st_.failover_after;
     try {
       for (;;) {
         idle.mark();
-        if (guarded_progress()) {
-          deadline = clock::now() + st_.timeout;
-          stall_check = clock::now() + st_.failover_after;
-        }
+        advance();
         if (pred()) break;
-        if (phase_ == phase::receiving && clock::now() >= stall_check) {
-          failover_stalled();
-          stall_check = clock::now() + st_.failover_after;
-        }
-        if (clock::now() >= deadline) fail(errc::timeout, "clone rank " + std::to_string(index_) + ": nothing arrived for " +
-                                                              std::to_string(std::chrono::duration<double>(st_.timeout).count()) +
-                                                              " s; still missing: " + missing());
-        idle.idle(deadline);
+        idle.idle(std::min(deadline_, phase_ == phase::receiving ? stall_check_ : deadline_));
       }
     } catch (...) {
       if (count_standby) standby_s_ += seconds_since(t0);
@@ -227,6 +236,26 @@ class clone_engine {
     send_summary();
   }
 
+  void rearm_deadlines() {
+    deadline_ = clock::now() + st_.timeout;
+    stall_check_ = clock::now() + st_.failover_after;
+  }
+
+  /// One round of progress under the clone's deadlines (the one place they are applied,
+  /// for `poll()` and every wait): presumes silent sources failed after
+  /// `settings.failover_after` and fails after `settings.timeout` without progress.
+  void advance() {
+    if (guarded_progress()) rearm_deadlines();
+    const auto now = clock::now();
+    if (phase_ == phase::receiving && now >= stall_check_) {
+      failover_stalled();
+      stall_check_ = now + st_.failover_after;
+    }
+    if (now >= deadline_ && in_flight())
+      fail(errc::timeout, "clone rank " + std::to_string(index_) + ": nothing arrived for " +
+                              std::to_string(std::chrono::duration<double>(st_.timeout).count()) + " s; still missing: " + missing());
+  }
+
   /// progress(), with any error the transport raises turned into a clean failure of the
   /// clone (receives withdrawn, sources told), never a half-abandoned session.
   bool guarded_progress() {
@@ -234,56 +263,114 @@ class clone_engine {
       return progress();
     } catch (const error& e) {
       if (phase_ == phase::failed) throw;
-      fail(e.kind(), e.what());
+      fail(e.kind(), e.details());
     }
   }
 
   /// One round of progress; true if anything happened.
   bool progress() {
-    bool any = false;
-    if (phase_ == phase::requested) {
-      if (auto b = decision_.test(comm_)) {
-        any = true;
-        auto d = decode_or_fail<decision_msg>(*b);
-        if (d.status == verdict::accepted) begin(d);
-        else if (d.status == verdict::stopped)
-          fail(errc::source_failed, "the sources finished training (last step " + std::to_string(d.iteration) +
-                                        ") before they could serve this clone's request");
-        else {
-          refusal_ = d;
-          source_layout_.post(comm_, roles_.sources[0], st_.tag_base + tag_layout, static_cast<std::size_t>(d.layout_bytes));
-          phase_ = phase::refused;
-        }
-      }
-    }
-    if (phase_ == phase::refused) {
-      if (auto b = source_layout_.test(comm_)) refused(*b);
-      return any;
-    }
+    check_tensors_in_place();
+    bool any = progress_agreement();
     if (phase_ != phase::receiving && phase_ != phase::complete) return any;
     any |= poll_statuses();
     if (phase_ == phase::complete) return any;
-    // Metadata: header, then the blob it announces.
+    any |= progress_metadata();
+    for (auto& in : inbound_) any |= progress_group(in);
+    any |= fwd_.poll(comm_);
+    any |= mark_ready_layers();
+    send_acks();
+    if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }) &&
+        replicas_agree()) {
+      t_complete_ = clock::now();
+      readiness_s_ = seconds_since(t_request_, t_complete_);
+      phase_ = phase::complete;
+      joined(session_);
+      poll_statuses();
+    }
+    return any;
+  }
+
+  /// A request's answer: the decision (begin, or a refusal whose layout follows). Skips
+  /// garbage and decisions that answer another request; a session decided on an older
+  /// request of this rank that it never joined is cancelled, so the sources do not wait.
+  bool progress_agreement() {
+    if (phase_ == phase::requested) {
+      auto b = decision_.test(comm_);
+      if (!b) return false;
+      std::optional<decision_msg> d;
+      try {
+        d = decision_msg::decode(*b);
+      } catch (const error&) {
+      }
+      if (!d || d->nonce != nonce_) {
+        if (d && d->status == verdict::accepted && !has_joined(d->session)) cancel_session(d->session, errc::cancelled);
+        decision_.post(comm_, roles_.sources[0], st_.tag_base + tag_decision, control_bytes);
+        return true;
+      }
+      if (d->status == verdict::accepted) begin(*d);
+      else if (d->status == verdict::stopped)
+        fail(errc::source_failed, "the sources finished training (last step " + std::to_string(d->iteration) +
+                                      ") before they could serve this clone's request");
+      else {
+        refusal_ = d;
+        post_layout();
+        phase_ = phase::refused;
+      }
+      return true;
+    }
+    if (phase_ != phase::refused) return false;
+    auto b = source_layout_.test(comm_);
+    if (!b) return false;
+    std::optional<layout_msg> m;
+    try {
+      m = layout_msg::decode(*b);
+    } catch (const error&) {
+    }
+    if (m && m->nonce == nonce_) refused(m->layout);
+    else post_layout();  // garbage, or the layout of an older refusal
+    return true;
+  }
+  void post_layout() {
+    source_layout_.post(comm_, roles_.sources[0], st_.tag_base + tag_layout, layout_msg::size_for(refusal_->layout_bytes));
+  }
+
+  /// Metadata: its header (whose length is checked against settings.max_metadata_bytes
+  /// before anything is allocated), then the blob it announces.
+  bool progress_metadata() {
+    bool any = false;
     if (auto b = meta_header_.test(comm_)) {
       any = true;
       auto h = decode_or_fail<meta_header>(*b);
-      if (h.session != session_ || h.iteration != k_)
-        fail(errc::corrupt_message, "metadata header of session " + std::to_string(h.session) + " iteration " +
-                                        std::to_string(h.iteration) + ", expected " + std::to_string(session_) + "/" + std::to_string(k_));
+      if (h.session != session_) {  // a stale header of an older session on this tag block
+        meta_header_.post(comm_, roles_.sources[0], tags_.meta_header(), control_bytes);
+        return true;
+      }
+      if (h.iteration != k_)
+        fail(errc::corrupt_message, "metadata header of session " + std::to_string(h.session) + " names iteration " +
+                                        std::to_string(h.iteration) + ", expected " + std::to_string(k_));
+      if (h.bytes > st_.max_metadata_bytes)
+        fail(errc::corrupt_message, "metadata header announces " + std::to_string(h.bytes) + " bytes, more than settings.max_metadata_bytes (" +
+                                        std::to_string(st_.max_metadata_bytes) + ")");
       meta_expect_ = h;
       meta_.assign(static_cast<std::size_t>(h.bytes), std::byte{0});
-      meta_req_ = comm_.irecv(roles_.sources[0], st_.tag_base + tag_meta, meta_);
+      meta_req_ = comm_.irecv(roles_.sources[0], tags_.meta(), meta_);
       meta_posted_ = true;
     }
-    if (meta_posted_ && !meta_done_ && comm_.test(meta_req_)) {
-      any = true;
+    if (meta_posted_ && !meta_done_) {
+      auto n = test_or_garbage(meta_req_);
+      if (!n) return any;
       meta_done_ = true;
-      if (Checksum::compute(meta_) != meta_expect_->checksum)
+      if (*n != meta_.size() || Checksum::compute(meta_) != meta_expect_->checksum)
         fail(errc::corrupt_message, "metadata of iteration " + std::to_string(k_) + " failed its checksum");
       state_.metadata() = decode_or_fail<deepclone::metadata>(meta_);
+      return true;
     }
-    for (auto& in : inbound_) any |= progress_group(in);
-    any |= fwd_.poll(comm_);
+    return any;
+  }
+
+  /// Layers whose groups are all verified (and, with forwarding, forwarded) become ready.
+  bool mark_ready_layers() {
+    bool any = false;
     for (std::size_t l = 0; l < ready_at_.size(); ++l) {
       if (ready_at_[l]) continue;
       if (Reconstruct::exchanges && !fwd_posted_[l] && owned_pending_[l] == 0) post_forwards(l);
@@ -294,16 +381,45 @@ class clone_engine {
         any = true;
       }
     }
-    send_acks();
-    if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }) &&
-        replicas_agree()) {
-      t_complete_ = clock::now();
-      readiness_s_ = seconds_since(t_request_, t_complete_);
-      phase_ = phase::complete;
-      poll_statuses();
-    }
     return any;
   }
+
+  /// The transport's test, with a receive it failed (a peer's message larger than the
+  /// buffer) reported as `garbage` bytes: such a piece fails verification like a corrupt one.
+  static constexpr std::size_t garbage = ~std::size_t{0};
+  std::optional<std::size_t> test_or_garbage(request_t& r) {
+    try {
+      return comm_.test(r);
+    } catch (const error&) {
+      return garbage;
+    }
+  }
+
+  /// Receives are posted straight into the clone tensors: a tensor the user resized or
+  /// moved since request() would be written outside its memory. Checked before every round
+  /// of progress (in process, bytes land only inside `test`).
+  void check_tensors_in_place() {
+    if (phase_ != phase::receiving) return;
+    std::size_t t = 0;
+    for (std::size_t l = 0; l < state_.layer_count(); ++l)
+      for (auto& nt : state_.layer_tensors(l)) {
+        auto now = tensor_bytes(*nt.ref);
+        if (t < posted_.size() && now.data() == posted_[t].data() && now.size() == posted_[t].size()) {
+          ++t;
+          continue;
+        }
+        fail(errc::layout_mismatch, "clone tensor '" + state_.layer_name(l) + "." + nt.name + "' was resized or moved after "
+                                    "request() (" + std::to_string(t < posted_.size() ? posted_[t].size() : 0) + " -> " +
+                                    std::to_string(now.size()) + " bytes); a clone's tensors must stay in place until wait() returns");
+      }
+  }
+
+  /// Sessions this rank completed: a late duplicate of their decision must not cancel them.
+  void joined(std::uint64_t session) {
+    joined_.push_back(session);
+    if (joined_.size() > 64) joined_.erase(joined_.begin());
+  }
+  bool has_joined(std::uint64_t session) const { return std::find(joined_.begin(), joined_.end(), session) != joined_.end(); }
 
   /// verify_replicas: true once every source that has not failed sent the digest of its
   /// replica and each digest equals the received state's (the fold of the verified piece
@@ -342,17 +458,22 @@ class clone_engine {
   bool progress_group(inbound& in) {
     if (in.verified) return false;
     bool any = false;
-    if (!in.header_done && comm_.test(in.header_req)) in.header_done = any = true;
+    if (!in.header_done)
+      if (auto n = test_or_garbage(in.header_req)) {
+        in.header.resize(*n == garbage ? 0 : *n);  // the seal covers exactly the bytes received
+        in.header_done = any = true;
+      }
+    if (in.header_done && !in.data_posted) post_refetch_data(in);
     for (std::size_t i = 0; i < in.data.size(); ++i)
       if (!in.done[i])
-        if (auto n = comm_.test(in.data[i])) {
+        if (auto n = test_or_garbage(in.data[i])) {
           auto& p = plan_.pieces()[plan_.groups()[in.group].pieces[i]];
           if (*n != p.length) in.short_piece = true;  // caught even without a checksum policy
           in.done[i] = true;
           ++in.data_done;
           any = true;
         }
-    if (in.header_done && in.data_done == in.data.size()) verify(in);
+    if (in.header_done && in.data_posted && in.data_done == in.data.size()) verify(in);
     return any;
   }
 
@@ -364,7 +485,7 @@ class clone_engine {
     const bool refetched = in.refetch_from != original;
     std::string where = "layer " + std::to_string(g.layer) + " ('" + layout_.layers()[g.layer].name + "') from " + sender_name(in);
     if (auto problem = check(in)) {
-      refetch(in, where + ": " + *problem);
+      refetch(in, where + ": " + *problem, errc::corrupt_message);
       return;
     }
     in.verified = true;
@@ -377,18 +498,25 @@ class clone_engine {
     in.header.clear();
   }
 
-  /// What is wrong with a complete group, if anything. Records the verified checksums.
+  /// What is wrong with a complete group, if anything. Records the verified checksums,
+  /// and the checksums an intact header of the group's first sender announced: bytes served
+  /// again must equal what that sender held at iteration k.
   std::optional<std::string> check(inbound& in) {
     auto& g = plan_.groups()[in.group];
     group_header h;
     try {
       h = group_header::decode(in.header);
     } catch (const error& e) {
-      return std::string(e.what());
+      return e.details();
     }
-    if (in.short_piece) return "a data message was shorter than its piece (truncated)";
-    const std::uint32_t from = in.refetch_from != original ? in.refetch_from : g.from;
-    if (in.refetch_from != original && h.pieces.empty() && !g.pieces.empty())
+    const bool refetched = in.refetch_from != original;
+    const std::uint32_t from = refetched ? in.refetch_from : g.from;
+    if (h.refused == refusal::changed && h.session == session_ && h.refused_tensor < layout_.tensor_count())
+      fail(errc::outside_hooks, "source " + std::to_string(from) + " (rank " + std::to_string(roles_.sources[from]) + ") could not " +
+                                    "serve tensor '" + tensor_name(h.refused_tensor) + "' again: it no longer holds what it held at "
+                                    "iteration " + std::to_string(k_) + ", so it was written outside its layer's update hooks (only "
+                                    "the code between a layer's before_update and after_update may write its tensors)");
+    if (refetched && h.refused == refusal::released)
       return "source " + std::to_string(from) + " no longer holds iteration " + std::to_string(k_) + " of this layer";
     if (h.session != session_ || h.iteration != k_ || h.layer != g.layer || h.from != from || h.pieces.size() != g.pieces.size())
       return "header names session " + std::to_string(h.session) + ", iteration " + std::to_string(h.iteration) + ", layer " +
@@ -396,16 +524,29 @@ class clone_engine {
              std::to_string(session_) + ", iteration " + std::to_string(k_) + ", " + std::to_string(g.pieces.size()) + " pieces";
     for (std::size_t i = 0; i < g.pieces.size(); ++i) {
       auto& p = plan_.pieces()[g.pieces[i]];
-      auto& c = h.pieces[i];
-      std::string range = "tensor '" + layout_.tensor(p.tensor).name + "' bytes [" + std::to_string(p.offset) + ", " +
-                          std::to_string(p.offset + p.length) + ")";
-      if (c.tensor != p.tensor || c.offset != p.offset || c.length != p.length)
-        return "header describes a different piece than the plan's " + range;
+      if (h.pieces[i].tensor != p.tensor || h.pieces[i].offset != p.offset || h.pieces[i].length != p.length)
+        return "header describes a different piece than the plan's " + range_name(p);
+    }
+    if (in.expected.empty() && !g.exchange)
+      for (auto& c : h.pieces) in.expected.push_back(c.checksum);
+    if (in.short_piece) return "a data message was shorter than its piece (truncated)";
+    for (std::size_t i = 0; i < g.pieces.size(); ++i) {
+      auto& p = plan_.pieces()[g.pieces[i]];
       auto sum = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
-      if (sum != c.checksum) return range + " failed its checksum at iteration " + std::to_string(k_);
+      if (sum != h.pieces[i].checksum) return range_name(p) + " failed its checksum at iteration " + std::to_string(k_);
+      if (refetched && !in.expected.empty() && sum != in.expected[i])
+        fail(errc::outside_hooks, range_name(p) + " served again by source " + std::to_string(from) + " differs from what source " +
+                                      std::to_string(g.from) + " sent for iteration " + std::to_string(k_) + ": the tensor was written "
+                                      "outside its layer's update hooks (only the code between a layer's before_update and "
+                                      "after_update may write its tensors; settings.check_writes on the sources finds the write), "
+                                      "or the sources' replicas differ");
       sums_[g.pieces[i]] = sum;
     }
     return std::nullopt;
+  }
+  std::string tensor_name(std::size_t t) const { return layout_.layers()[layout_.layer_of(t)].name + "." + layout_.tensor(t).name; }
+  std::string range_name(const piece& p) const {
+    return "tensor '" + tensor_name(p.tensor) + "' bytes [" + std::to_string(p.offset) + ", " + std::to_string(p.offset + p.length) + ")";
   }
 
   std::string sender_name(const inbound& in) const {
@@ -424,42 +565,53 @@ class clone_engine {
     return g.from;
   }
 
-  /// Withdraws `in`'s receives and asks the next source that has not failed it for the
-  /// group again. Fails the clone when every source was tried.
-  void refetch(inbound& in, const std::string& why) {
+  /// Withdraws `in`'s receives and asks a source that has not failed for the group again:
+  /// the next one not yet asked, else (bytes lost on the wire) one asked once already. Fails
+  /// the clone with `code` and `why` when no source can deliver it.
+  void refetch(inbound& in, const std::string& why, errc code) {
     auto& g = plan_.groups()[in.group];
-    if (auto s = source_of(in)) in.tried[*s] = 1;
+    if (auto s = source_of(in)) ++in.tried[*s];
     withdraw(in);
     const std::uint32_t n = roles_.source_count();
     const std::uint32_t first = g.exchange ? index_ % n : (g.from + 1) % n;
     std::optional<std::uint32_t> next;
-    for (std::uint32_t i = 0; i < n && !next; ++i) {
-      auto s = (first + i) % n;
-      if (!in.tried[s] && !failed_[s]) next = s;
-    }
-    if (!next)
-      fail(any_corruption(why) ? errc::corrupt_message : errc::source_failed,
-           why + "; no other source could deliver it (tried " + std::to_string(n) + ")");
+    for (char limit = 1; limit <= 2 && !next; ++limit)
+      for (std::uint32_t i = 0; i < n && !next; ++i) {
+        auto s = (first + i) % n;
+        if (in.tried[s] < limit && !failed_[s]) next = s;
+      }
+    if (!next) fail(code, why + "; no other source could deliver it (tried " + std::to_string(n) + ")");
     refetch_msg m{session_, index_, in.group};
     ctl_.send_owned(comm_, roles_.sources[*next], st_.tag_base + tag_refetch, m.encode());
-    const int from = roles_.sources[*next];
     in.refetch_from = *next;
     in.header.assign(group_header::size_for(g.pieces.size()), std::byte{0});
     in.header_done = false;
-    in.header_req = comm_.irecv(from, st_.tag_base + tag_refetch_header, in.header);
+    in.header_req = comm_.irecv(roles_.sources[*next], tags_.refetch_header(), in.header);
     in.data.clear();
-    for (auto pi : g.pieces) {
-      auto& p = plan_.pieces()[pi];
-      in.data.push_back(comm_.irecv(from, st_.tag_base + tag_refetch_data, state_.bytes(p.tensor).subspan(p.offset, p.length)));
-    }
-    in.done.assign(in.data.size(), false);
+    in.done.clear();
     in.data_done = 0;
+    in.data_posted = false;
     in.short_piece = false;
     ++refetches_;
   }
-  static bool any_corruption(const std::string& why) {
-    return why.find("checksum") != std::string::npos || why.find("header") != std::string::npos ||
-           why.find("message") != std::string::npos;
+
+  /// A refetch's data receives are posted once its header announced the group's pieces: a
+  /// source that refuses sends no data, and receives posted for it would take the data of
+  /// the next group that source serves.
+  void post_refetch_data(inbound& in) {
+    in.data_posted = true;
+    auto& g = plan_.groups()[in.group];
+    try {
+      auto h = group_header::decode(in.header);
+      if (h.session != session_ || h.refused != refusal::none || h.pieces.size() != g.pieces.size()) return;
+    } catch (const error&) {
+      return;  // verification names the problem
+    }
+    for (auto pi : g.pieces) {
+      auto& p = plan_.pieces()[pi];
+      in.data.push_back(comm_.irecv(roles_.sources[in.refetch_from], tags_.refetch_data(), state_.bytes(p.tensor).subspan(p.offset, p.length)));
+    }
+    in.done.assign(in.data.size(), false);
   }
 
   /// Cancels `in`'s outstanding receives (the bytes already written stay unverified).
@@ -471,13 +623,16 @@ class clone_engine {
     std::fill(in.done.begin(), in.done.end(), true);
   }
 
-  /// A source reported it cannot deliver: its groups are asked from the others.
-  void source_failed(std::uint32_t s, const std::string& why) {
+  /// A source reported it cannot deliver: its groups are asked from the others. When none
+  /// can, the clone fails with the source's own code where it names a broken rule (a
+  /// resized tensor, a write outside the hooks), else with `source_failed`.
+  void source_failed(std::uint32_t s, const std::string& why, errc code = errc::source_failed) {
     if (failed_[s]) return;
     failed_[s] = 1;
+    if (code != errc::layout_mismatch && code != errc::outside_hooks) code = errc::source_failed;
     for (auto& in : inbound_)
-      if (!in.verified && source_of(in) == s) refetch(in, "source " + std::to_string(s) + " (rank " +
-                                                             std::to_string(roles_.sources[s]) + ") failed: " + why);
+      if (!in.verified && source_of(in) == s)
+        refetch(in, "source " + std::to_string(s) + " (rank " + std::to_string(roles_.sources[s]) + ") failed: " + why, code);
   }
 
   /// Nothing arrived for `settings.failover_after` while other sources did deliver: the
@@ -494,7 +649,7 @@ class clone_engine {
     if (verify_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }))
       for (std::uint32_t s = 0; s < silent.size(); ++s)
         if (!digests_[s] && !failed_[s]) silent[s] = 1;  // delivered its share, but not its digest
-    cancel_msg m{session_, index_};
+    cancel_msg m{session_, index_, static_cast<std::uint32_t>(errc::source_failed)};  // "you are presumed failed"
     for (std::uint32_t s = 0; s < silent.size(); ++s)
       if (silent[s]) {
         ctl_.send_owned(comm_, roles_.sources[s], st_.tag_base + tag_cancel, m.encode());
@@ -522,14 +677,13 @@ class clone_engine {
     for (auto g : plan_.forwarded_by_clone(index_, l)) {
       auto& grp = plan_.groups()[g];
       int dest = roles_.clones[grp.to];
-      group_header h{session_, k_, static_cast<std::uint32_t>(l), index_, {}};
+      group_header h{.session = session_, .iteration = k_, .layer = static_cast<std::uint32_t>(l), .from = index_, .pieces = {}};
       for (auto pi : grp.pieces) {
         auto& p = plan_.pieces()[pi];
-        fwd_of_[l].push_back(fwd_.send(comm_, dest, layer_tag(st_.tag_base, l, true, false),
-                                       state_.bytes(p.tensor).subspan(p.offset, p.length)));
+        fwd_of_[l].push_back(fwd_.send(comm_, dest, tags_.layer(l, true, false), state_.bytes(p.tensor).subspan(p.offset, p.length)));
         h.pieces.push_back({p.tensor, p.offset, p.length, sums_[pi]});
       }
-      fwd_of_[l].push_back(fwd_.send_owned(comm_, dest, layer_tag(st_.tag_base, l, true, true), h.encode()));
+      fwd_of_[l].push_back(fwd_.send_owned(comm_, dest, tags_.layer(l, true, true), h.encode()));
     }
   }
 
@@ -539,6 +693,16 @@ class clone_engine {
     agreement_s_ = seconds_since(t_request_);
     phase_ = phase::receiving;
     const std::size_t L = layout_.layer_count();
+    tags_ = session_tags{st_.tag_base, L, d.epoch};
+    if (d.epoch >= max_epochs_)
+      fail(errc::corrupt_message, "the fork decision names tag block " + std::to_string(d.epoch) + ", beyond the " +
+                                      std::to_string(max_epochs_) + " this communicator's tags allow");
+    if (auto now = state_.describe(); !(now == layout_))
+      fail(errc::layout_mismatch, "the clone's state changed between request() and the fork decision (" +
+                                      first_difference(layout_, now, "then", "now").value_or("?") +
+                                      "); a clone's tensors must stay in place until wait() returns");
+    posted_.clear();
+    for (std::size_t t = 0; t < layout_.tensor_count(); ++t) posted_.push_back(state_.bytes(t));
     ready_at_.assign(L, std::nullopt);
     pending_.assign(L, 0);
     owned_pending_.assign(L, 0);
@@ -565,7 +729,7 @@ class clone_engine {
     summary_slots_.resize(roles_.clone_count());
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
       if (j != index_) summary_slots_[j].post(comm_, roles_.clones[j], st_.tag_base + tag_summary, control_bytes);
-    meta_header_.post(comm_, roles_.sources[0], st_.tag_base + tag_meta_header, control_bytes);
+    meta_header_.post(comm_, roles_.sources[0], tags_.meta_header(), control_bytes);
     // Every receive of the plan, posted up front straight into the clone's tensors.
     auto mine = plan_.received_by_clone(index_);
     inbound_.clear();
@@ -576,11 +740,10 @@ class clone_engine {
       inbound& in = inbound_.emplace_back();
       in.group = g;
       in.header.assign(group_header::size_for(grp.pieces.size()), std::byte{0});
-      in.header_req = comm_.irecv(from, layer_tag(st_.tag_base, grp.layer, grp.exchange, true), in.header);
+      in.header_req = comm_.irecv(from, tags_.layer(grp.layer, grp.exchange, true), in.header);
       for (auto pi : grp.pieces) {
         auto& p = plan_.pieces()[pi];
-        in.data.push_back(comm_.irecv(from, layer_tag(st_.tag_base, grp.layer, grp.exchange, false),
-                                      state_.bytes(p.tensor).subspan(p.offset, p.length)));
+        in.data.push_back(comm_.irecv(from, tags_.layer(grp.layer, grp.exchange, false), posted_[p.tensor].subspan(p.offset, p.length)));
       }
       in.done.assign(in.data.size(), false);
       in.tried.assign(roles_.source_count(), 0);
@@ -589,47 +752,59 @@ class clone_engine {
     }
   }
 
+  /// The control message that `slot` received from `peer`, if one arrived that names this
+  /// session; garbage (undecodable, failed seal) and stale messages of older sessions are
+  /// dropped and the receive posted again.
+  template <class M>
+  std::optional<M> take_control(inbox_slot<Comm>& slot, int peer, int tag) {
+    auto b = slot.test(comm_);
+    if (!b) return std::nullopt;
+    std::optional<M> m;
+    try {
+      m = M::decode(*b);
+    } catch (const error&) {
+    }
+    if (m && m->session == session_) return m;
+    slot.post(comm_, peer, tag, control_bytes);
+    return std::nullopt;
+  }
+
   bool poll_statuses() {
     bool any = false;
     for (std::uint32_t i = 0; i < status_slots_.size(); ++i) {
-      auto b = status_slots_[i].test(comm_);
-      if (!b) continue;
+      auto s = take_control<status_msg>(status_slots_[i], roles_.sources[i], st_.tag_base + tag_status);
+      if (!s) continue;
       any = true;
-      auto s = decode_or_fail<status_msg>(*b);
-      if (s.session != session_) {  // a stale word about an older session
-        status_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_status, control_bytes);
-        continue;
-      }
-      statuses_[i] = s;
+      statuses_[i] = *s;
       // A source that failed after the clone completed changes nothing: every byte is verified.
-      if (s.code != 0 && phase_ != phase::complete) source_failed(i, s.reason);
+      if (s->code == 0 || phase_ == phase::complete) continue;
+      if (static_cast<errc>(s->code) == errc::cancelled)
+        fail(errc::cancelled, "clone rank " + std::to_string(roles_.clones[index_]) +
+                                  ": the clone was given up by a peer clone rank (source " + std::to_string(i) + " reports: " + s->reason + ")");
+      source_failed(i, s->reason, static_cast<errc>(s->code));
     }
     for (std::uint32_t i = 0; i < digest_slots_.size(); ++i) {
-      auto b = digest_slots_[i].test(comm_);
-      if (!b) continue;
+      auto m = take_control<digest_msg>(digest_slots_[i], roles_.sources[i], st_.tag_base + tag_digest);
+      if (!m) continue;
       any = true;
-      auto m = decode_or_fail<digest_msg>(*b);
-      if (m.session != session_) digest_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_digest, control_bytes);
-      else if (m.iteration != k_ || m.source_index != i)
+      if (m->iteration != k_ || m->source_index != i)
         fail(errc::corrupt_message, "replica digest from source rank " + std::to_string(roles_.sources[i]) + " names iteration " +
-                                        std::to_string(m.iteration) + " and source " + std::to_string(m.source_index) +
+                                        std::to_string(m->iteration) + " and source " + std::to_string(m->source_index) +
                                         "; expected " + std::to_string(k_) + " and " + std::to_string(i));
-      else digests_[i] = m;
+      digests_[i] = *m;
     }
     for (std::uint32_t j = 0; j < summary_slots_.size(); ++j) {
       if (j == index_) continue;
-      if (auto b = summary_slots_[j].test(comm_)) {
+      if (auto m = take_control<summary_msg>(summary_slots_[j], roles_.clones[j], st_.tag_base + tag_summary)) {
         any = true;
-        auto s = decode_or_fail<summary_msg>(*b);
-        if (s.session != session_) summary_slots_[j].post(comm_, roles_.clones[j], st_.tag_base + tag_summary, control_bytes);
-        else summaries_[j] = s;
+        summaries_[j] = *m;
       }
     }
     return any;
   }
 
   void refused(std::span<const std::byte> b) {
-    auto theirs = decode_or_fail_layout(b);
+    auto theirs = decode_or_fail<deepclone::layout>(b);
     auto& d = *refusal_;
     std::string who = "clone rank " + std::to_string(roles_.clones[index_]);
     if (d.status == verdict::plan_differs) {
@@ -644,19 +819,12 @@ class clone_engine {
                                            "'s layout differs from the sources' (this rank's matches)");
   }
 
-  deepclone::layout decode_or_fail_layout(std::span<const std::byte> b) {
-    try {
-      return deepclone::layout::decode(b);
-    } catch (const error& e) {
-      fail(e.kind(), e.what());
-    }
-  }
   template <class M>
   M decode_or_fail(std::span<const std::byte> b) {
     try {
       return M::decode(b);
     } catch (const error& e) {
-      fail(e.kind(), e.what());
+      fail(e.kind(), e.details());
     }
   }
 
@@ -676,6 +844,8 @@ class clone_engine {
 
   std::string missing() const {
     if (phase_ == phase::requested) return "the fork decision from source rank " + std::to_string(roles_.sources[0]);
+    if (phase_ == phase::refused)
+      return "the sources' layout from source rank " + std::to_string(roles_.sources[0]) + " (the request was refused)";
     std::string out;
     int shown = 0;
     for (auto& in : inbound_) {
@@ -696,15 +866,21 @@ class clone_engine {
 
   [[noreturn]] void fail(errc code, const std::string& what) {
     failure_ = failure{code, what};
-    if (phase_ == phase::receiving || phase_ == phase::requested) tell_sources_cancel();
+    if (in_flight()) tell_sources_cancel(code);
     abandon();
     phase_ = phase::failed;
     throw error(code, what);
   }
 
-  void tell_sources_cancel() {
-    if (session_ == 0 && phase_ != phase::receiving) return;
-    cancel_msg m{session_, index_};
+  /// This rank gives up: before the decision its request is withdrawn, after it every
+  /// source is told to end the session (and tells the other clone ranks why).
+  void tell_sources_cancel(errc why) {
+    if (phase_ == phase::receiving) return cancel_session(session_, why);
+    request_msg m{.clone_index = index_, .nonce = nonce_, .layout_fingerprint = 0, .key = {}, .flags = flag_withdraw};
+    ctl_.send_owned(comm_, roles_.sources[0], st_.tag_base + tag_request, m.encode());
+  }
+  void cancel_session(std::uint64_t session, errc why) {
+    cancel_msg m{session, index_, static_cast<std::uint32_t>(why)};
     for (int s : roles_.sources) ctl_.send_owned(comm_, s, st_.tag_base + tag_cancel, m.encode());
   }
 
@@ -737,7 +913,16 @@ class clone_engine {
   deepclone::plan plan_;
   phase phase_ = phase::idle;
   std::optional<failure> failure_;
-  std::uint64_t attempt_ = 0, session_ = 0, k_ = 0;
+  std::uint64_t nonce_ = 0, session_ = 0, k_ = 0;
+  /// Request nonces, unique across engines and processes: a decision left over from an
+  /// earlier engine on the same ranks never answers this one's request.
+  std::mt19937_64 nonces_{(std::uint64_t{std::random_device{}()} << 32) ^
+                          static_cast<std::uint64_t>(clock::now().time_since_epoch().count())};
+  std::vector<std::uint64_t> joined_;    // sessions this rank completed (see joined())
+  std::uint32_t max_epochs_ = 1;         // tag blocks this communicator's tags allow
+  session_tags tags_;                    // the session's tag block
+  std::vector<std::span<std::byte>> posted_;  // each tensor's bytes as the receives were posted
+  clock::time_point deadline_{}, stall_check_{};
   clock::time_point t_request_{}, t_complete_{};
   bool summary_sent_ = false;
   double agreement_s_ = 0, readiness_s_ = 0, standby_s_ = 0;

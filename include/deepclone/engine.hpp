@@ -87,9 +87,22 @@ class engine {
     /// Other sources must learn the decision before iteration k starts, so this is the
     /// tolerated skew between sources, in iterations.
     std::uint64_t fork_lead = 2;
-    /// deepclone uses tags [tag_base, tag_base + 16 + 4 * layers); keep the trainer's own
-    /// messages on that communicator outside this range.
+    /// deepclone uses tags [tag_base, tag_base + 16 + tag_epochs * (4 * layers + 4)); keep
+    /// the trainer's own messages on that communicator outside this range.
     int tag_base = 1000;
+    /// Consecutive sessions use different blocks of tags for their bulk messages, so that
+    /// bytes an abandoned or faulty session left queued on the transport are never taken
+    /// by the next ones (only by the one `tag_epochs` sessions later, whose checks catch
+    /// them). Fewer blocks are used when the transport's tag bound allows fewer.
+    std::uint32_t tag_epochs = 16;
+    /// Source side, for debugging a trainer: checks that nothing writes a layer's tensors
+    /// between its `after_update` in one iteration and its `before_update` in the next
+    /// (e.g. batch-norm statistics written in the forward pass), and throws
+    /// `errc::outside_hooks` from `before_update` naming the tensor. Costs two checksum
+    /// passes over the host-memory state per iteration.
+    bool check_writes = false;
+    /// Clone side: the largest metadata blob accepted (its length comes from the wire).
+    std::uint64_t max_metadata_bytes = std::uint64_t{1} << 30;
     /// Clone side: also check that every source's replica equals the state received. Each
     /// source then checksums its whole replica of iteration k (not only its S/N share:
     /// one extra pass over S bytes per source, on the training thread, as layers become

@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checksum.hpp"
@@ -63,12 +64,14 @@ class source_engine {
     index_ = *idx;
     layout_ = state_.describe();
     plan_ = Engine::make_plan(layout_, roles_, st_);
-    check_tag_space(comm_, st_.tag_base, layout_.layer_count());
+    max_epochs_ = epochs_that_fit(comm_, st_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
+    epochs_ = std::min(max_epochs_, std::max<std::uint32_t>(st_.tag_epochs, 1));
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
       if (!pipeline_moves(st_.pipeline, state_.space(t)))
         throw error(errc::unsupported, "tensor '" + layout_.tensor(t).name +
                                            "' lives in device memory: the core engine sends host memory; use a device pipeline");
     updated_.assign(layout_.layer_count(), 0);
+    if (st_.check_writes) written_sums_.assign(layout_.tensor_count(), std::nullopt);
     acks_needed_.assign(layout_.layer_count(), 0);
     {
       std::vector<std::vector<char>> receives(layout_.layer_count(), std::vector<char>(roles_.clone_count(), 0));
@@ -98,6 +101,7 @@ class source_engine {
     if (updated_[layer] == generation_)
       throw error(errc::hook_order, "layer " + std::to_string(layer) + " updated twice in iteration " + current_name() +
                                         " (missing end_iteration?)");
+    if (st_.check_writes) check_untouched(layer);
     open_ = static_cast<long>(layer);
     if (s_ && s_->layer_sent[layer] && !s_->released[layer]) close_window(layer);
   }
@@ -113,6 +117,8 @@ class source_engine {
                                         (open_ >= 0 ? " (layer " + std::to_string(open_) + " is open)" : ""));
     open_ = -1;
     updated_[layer] = generation_;
+    if (st_.check_writes)
+      for (std::size_t t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) written_sums_[t] = host_sum(t);
     if (s_ && Pipeline::value != pipeline::kind::blocking && last_step_ && *last_step_ + 1 == s_->k)
       send_layer(layer);
     else if (s_)
@@ -151,6 +157,8 @@ class source_engine {
     }
     last_end_ = now;
     if (s_) poll_session();
+    if (s_ && step < s_->k) s_->last_progress = now;  // waiting for k is not a stall
+    if (s_) expired("no clone rank received or acknowledged anything (a clone rank may have vanished); the session was dropped");
     t.flush();
     if (s_ && step >= s_->k && delivered()) complete_session();
     if (!s_) handle_control(step);
@@ -167,7 +175,7 @@ class source_engine {
       if (auto b = decision_.test(comm_)) {  // a decision that raced with the end of training
         try {
           auto d = decision_msg::decode(*b);
-          start_session(d.session, d.iteration, d.flags);
+          if (!seen(d.session)) start_session(d);
         } catch (const error&) {
         }
       }
@@ -193,7 +201,9 @@ class source_engine {
   std::optional<std::uint64_t> fork_iteration() const { return s_ ? std::optional(s_->k) : std::nullopt; }
   std::uint64_t sessions_completed() const noexcept { return completed_; }
   std::uint64_t sessions_failed() const noexcept { return failed_; }
-  /// Why the last failed session failed (the source itself keeps training).
+  /// Requests the coordinator refused (a clone's layout or plan settings differ).
+  std::uint64_t sessions_refused() const noexcept { return refused_; }
+  /// Why the last failed or refused session ended so (the source itself keeps training).
   const std::optional<failure>& last_error() const noexcept { return last_error_; }
   const deepclone::plan& plan() const noexcept { return plan_; }
   std::uint32_t index() const noexcept { return index_; }
@@ -201,6 +211,8 @@ class source_engine {
  private:
   struct session {
     std::uint64_t id = 0, k = 0;
+    session_tags tags;
+    clock::time_point last_progress = clock::now();
     outbox<Comm> out;
     std::vector<std::vector<std::size_t>> layer_reqs;
     std::vector<bool> layer_sent;
@@ -215,7 +227,9 @@ class source_engine {
     std::vector<bool> released;                      // the trainer may overwrite the layer again
     std::vector<std::vector<std::size_t>> refetch_reqs;  // sends of refetched groups, per layer
     std::vector<std::deque<std::uint32_t>> refetch_queue;  // per clone rank, in arrival order
-    std::vector<std::uint64_t> piece_sums;                // verify_replicas: every piece's checksum
+    std::vector<std::uint64_t> piece_sums;  // checksums at iteration k of the pieces this source summed
+    std::vector<char> summed;               // ... which those are (sent, or digested)
+    bool digest = false;                    // verify_replicas: sum every piece, send the digest
     std::vector<std::vector<std::uint32_t>> layer_pieces;  // verify_replicas: pieces of each layer
     std::size_t layers_digested = 0;
     std::vector<double> fork_durations;
@@ -249,7 +263,7 @@ class source_engine {
     if (finished_) return;
     if (index_ == 0) {
       requests_.resize(roles_.clone_count());
-      got_.assign(roles_.clone_count(), std::nullopt);
+      got_.resize(roles_.clone_count());
       for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
         if (!requests_[j].posted()) requests_[j].post(comm_, roles_.clones[j], base() + tag_request, control_bytes);
     } else if (!decision_.posted()) {
@@ -261,22 +275,24 @@ class source_engine {
     if (index_ != 0) {
       auto b = decision_.test(comm_);
       if (!b) return;
-      decision_msg d;
+      std::optional<decision_msg> d;
       try {
         d = decision_msg::decode(*b);
-      } catch (const error& e) {
-        last_error_ = failure{e.kind(), e.what()};
+      } catch (const error&) {  // a peer's garbage: wait for a real decision
+      }
+      if (!d || seen(d->session)) {  // garbage, or a duplicate of a decision served before
         post_control();
         return;
       }
-      if (d.iteration <= step) {
+      if (d->iteration <= step) {
         // Too late to serve iteration k: tell the clone, which fails cleanly.
+        remember(d->session);
         status_msg m;
-        m.session = d.session;
+        m.session = d->session;
         m.source_index = index_;
         m.code = static_cast<std::uint32_t>(errc::fork_agreement);
         m.reason = "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
-                   ") received the decision to fork at iteration " + std::to_string(d.iteration) +
+                   ") received the decision to fork at iteration " + std::to_string(d->iteration) +
                    " only at the end of iteration " + std::to_string(step) + "; raise settings.fork_lead";
         for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
         last_error_ = failure{errc::fork_agreement, m.reason};
@@ -284,21 +300,10 @@ class source_engine {
         post_control();
         return;
       }
-      start_session(d.session, d.iteration, d.flags);
+      start_session(*d);
       return;
     }
-    // Coordinator: collect one request from every clone rank, then decide.
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      if (got_[j]) continue;
-      if (auto b = requests_[j].test(comm_)) {
-        try {
-          got_[j] = request_msg::decode(*b);
-        } catch (const error& e) {
-          last_error_ = failure{e.kind(), e.what()};
-          requests_[j].post(comm_, roles_.clones[j], base() + tag_request, control_bytes);
-        }
-      }
-    }
+    take_requests();
     if (!std::all_of(got_.begin(), got_.end(), [](auto& g) { return g.has_value(); })) return;
     decision_msg d;
     d.key = plan_.key();
@@ -308,76 +313,123 @@ class source_engine {
       else if (!(got_[j]->key == plan_.key())) d.status = verdict::plan_differs, offender = j;
     }
     if (d.status != verdict::accepted) {
-      auto lay = layout_.encode();
-      d.layout_bytes = lay.size();
-      d.offending_clone = offender;
-      for (int c : roles_.clones) {
-        trailing_.send_owned(comm_, c, base() + tag_decision, d.encode());
-        trailing_.send_owned(comm_, c, base() + tag_layout, lay);
-      }
-      got_.assign(roles_.clone_count(), std::nullopt);
-      post_control();
+      refuse(d, offender);
       return;
     }
     d.session = session_base_ + ++served_;
+    d.epoch = static_cast<std::uint32_t>((served_ - 1) % epochs_);
     d.iteration = step + st_.fork_lead;
     for (auto& g : got_) d.flags |= g->flags;
     for (std::uint32_t i = 1; i < roles_.source_count(); ++i)
       trailing_.send_owned(comm_, roles_.sources[i], base() + tag_decision, d.encode());
-    for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_decision, d.encode());
+    answer_clones(d);
+    start_session(d);
+  }
+
+  /// Coordinator: takes every request (or withdrawal) that arrived; the newest request of
+  /// each clone rank counts. Garbage is dropped.
+  void take_requests() {
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
+      while (auto b = requests_[j].test(comm_)) {
+        try {
+          auto m = request_msg::decode(*b);
+          if (m.clone_index != j) throw error(errc::corrupt_message, "request names another clone rank");
+          if (!(m.flags & flag_withdraw)) got_[j] = m;
+          else if (got_[j] && got_[j]->nonce == m.nonce) got_[j].reset();
+        } catch (const error&) {
+        }
+        requests_[j].post(comm_, roles_.clones[j], base() + tag_request, control_bytes);
+      }
+    }
+  }
+
+  /// Sends `d` to every clone rank whose request is in hand, each with the nonce of its
+  /// own request (a clone rank takes no decision that answers an older request), and
+  /// clears the requests.
+  void answer_clones(decision_msg d) {
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
+      if (!got_[j]) continue;
+      d.nonce = got_[j]->nonce;
+      trailing_.send_owned(comm_, roles_.clones[j], base() + tag_decision, d.encode());
+    }
     got_.assign(roles_.clone_count(), std::nullopt);
-    start_session(d.session, d.iteration, d.flags);
+  }
+
+  /// Coordinator: a clone rank's layout or plan differs; every clone rank is told, with
+  /// the sources' layout so that it can name the difference.
+  void refuse(decision_msg d, std::uint32_t offender) {
+    auto lay = layout_.encode();
+    d.layout_bytes = lay.size();
+    d.offending_clone = offender;
+    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
+      if (got_[j]) trailing_.send_owned(comm_, roles_.clones[j], base() + tag_layout, layout_msg{got_[j]->nonce, lay}.encode());
+    const bool layout = d.status == verdict::layout_differs;
+    last_error_ = failure{layout ? errc::layout_mismatch : errc::plan_mismatch,
+                          "refused the request of clone rank " + std::to_string(roles_.clones[offender]) + ": its " +
+                              (layout ? "layout" : "plan settings") + " differ from the sources'"};
+    ++refused_;
+    answer_clones(d);
   }
 
   /// At finish(): clone ranks whose request already arrived learn at once that no fork will
   /// come (instead of waiting for their timeout).
   void refuse_pending_requests() {
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      if (!got_[j] && requests_[j].posted()) {
-        if (auto b = requests_[j].test(comm_)) {
-          try {
-            got_[j] = request_msg::decode(*b);
-          } catch (const error&) {
-          }
-        }
-      }
-      if (!got_[j]) continue;
-      decision_msg d;
-      d.status = verdict::stopped;
-      d.iteration = last_step_ ? *last_step_ : 0;
-      d.key = plan_.key();
-      trailing_.send_owned(comm_, roles_.clones[j], base() + tag_decision, d.encode());
-    }
+    take_requests();
+    decision_msg d;
+    d.status = verdict::stopped;
+    d.iteration = last_step_ ? *last_step_ : 0;
+    d.key = plan_.key();
+    answer_clones(d);
   }
 
-  void start_session(std::uint64_t id, std::uint64_t k, std::uint32_t flags) {
-    // The tensors must still be where (and as large as) they were at construction.
-    auto now = state_.describe();
-    if (!(now == layout_))
-      throw error(errc::layout_mismatch, "the source's state changed since the source was created: " +
-                                             first_difference(layout_, now, "then", "now").value_or("?"));
+  /// Sessions this source served or refused to serve, so that a duplicate or late
+  /// decision naming one of them is not served again.
+  bool seen(std::uint64_t session) const { return std::find(recent_.begin(), recent_.end(), session) != recent_.end(); }
+  void remember(std::uint64_t session) {
+    recent_.push_back(session);
+    if (recent_.size() > max_early) recent_.pop_front();
+  }
+
+  void start_session(const decision_msg& d) {
+    remember(d.session);
     s_.emplace();
-    s_->id = id;
-    s_->k = k;
-    s_->layer_reqs.resize(layout_.layer_count());
-    s_->layer_sent.assign(layout_.layer_count(), false);
+    s_->id = d.session;
+    s_->k = d.iteration;
+    s_->tags = session_tags{base(), layout_.layer_count(), d.epoch};
+    const std::size_t L = layout_.layer_count();
+    s_->layer_reqs.resize(L);
+    s_->layer_sent.assign(L, false);
     s_->cancels.resize(roles_.clone_count());
     s_->acks_in.resize(roles_.clone_count());
     s_->refetches_in.resize(roles_.clone_count());
     s_->refetch_queue.resize(roles_.clone_count());
-    s_->acked.assign(roles_.clone_count(), std::vector<char>(layout_.layer_count(), 0));
-    s_->acks.assign(layout_.layer_count(), 0);
-    s_->released.assign(layout_.layer_count(), false);
-    s_->refetch_reqs.resize(layout_.layer_count());
-    if (flags & flag_verify_replicas) {
-      s_->piece_sums.assign(plan_.pieces().size(), 0);
-      s_->layer_pieces.resize(layout_.layer_count());
+    s_->acked.assign(roles_.clone_count(), std::vector<char>(L, 0));
+    s_->acks.assign(L, 0);
+    s_->released.assign(L, false);
+    s_->refetch_reqs.resize(L);
+    s_->piece_sums.assign(plan_.pieces().size(), 0);
+    s_->summed.assign(plan_.pieces().size(), 0);
+    s_->digest = (d.flags & flag_verify_replicas) != 0;
+    if (s_->digest) {
+      s_->layer_pieces.resize(L);
       for (std::uint32_t pi = 0; pi < plan_.pieces().size(); ++pi) s_->layer_pieces[plan_.pieces()[pi].layer].push_back(pi);
     }
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       s_->cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
       s_->acks_in[j].post(comm_, roles_.clones[j], base() + tag_ack, control_bytes);
       s_->refetches_in[j].post(comm_, roles_.clones[j], base() + tag_refetch, control_bytes);
+    }
+    if (d.epoch >= max_epochs_) {
+      fail_session(errc::corrupt_message, "the fork decision names tag block " + std::to_string(d.epoch) + ", beyond the " +
+                                              std::to_string(max_epochs_) + " this communicator's tags allow");
+      return;
+    }
+    // The tensors must still be where (and as large as) they were at construction.
+    if (auto now = state_.describe(); !(now == layout_)) {
+      fail_session(errc::layout_mismatch, "source " + std::to_string(index_) + "'s state changed since the source was created (" +
+                                              first_difference(layout_, now, "then", "now").value_or("?") +
+                                              "); the state must not change shape while the source exists");
+      return;
     }
     if constexpr (Pipeline::value == pipeline::kind::staged) {
       auto n = static_cast<std::size_t>(std::max<std::uint64_t>(std::min(st_.pipeline.staging_bytes, plan_.bytes_of_source(index_)), 1));
@@ -387,7 +439,7 @@ class source_engine {
         s_->stage_mem = s_->staging;
       }
     }
-    if (flags & flag_verify_replicas)
+    if (s_->digest)
       for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
         if (state_.space(t) != memory_space::host) {
           fail_session(errc::unsupported, "settings.verify_replicas: source " + std::to_string(index_) + "'s tensor '" +
@@ -398,7 +450,43 @@ class source_engine {
     auto early = std::move(early_);
     early_.clear();
     for (auto& e : early)
-      if (s_ && e.session == id) take(e.kind, e.from, e.bytes);
+      if (s_ && e.session == d.session) take(e.kind, e.from, e.bytes);
+  }
+
+  /// True (and the session failed) when a tensor of layer `l` no longer has the size the
+  /// plan was made for: it was resized, which the hooks' rules forbid.
+  bool resized(std::size_t l) {
+    for (std::size_t t = layout_.first_tensor(l); t < layout_.end_tensor(l); ++t) {
+      const auto now = state_.bytes(t).size(), then = layout_.tensor(t).bytes;
+      if (now == then) continue;
+      fail_session(errc::layout_mismatch, "source " + std::to_string(index_) + "'s tensor '" + layout_.layers()[l].name + "." +
+                                              layout_.tensor(t).name + "' holds " + std::to_string(now) + " bytes, not the " +
+                                              std::to_string(then) + " it held when the source was created; the state "
+                                              "must not change shape while the source exists");
+      return true;
+    }
+    return false;
+  }
+
+  /// check_writes: the checksum of tensor `t`, or nullopt where it is not in host memory.
+  std::optional<std::uint64_t> host_sum(std::size_t t) {
+    if (state_.space(t) != memory_space::host) return std::nullopt;
+    return checksum::mix64::compute(state_.bytes(t));
+  }
+  /// check_writes: throws `errc::outside_hooks` (and fails the session in flight) if a
+  /// tensor of layer `l` changed since that layer's after_update in the previous iteration.
+  void check_untouched(std::size_t l) {
+    for (std::size_t t = layout_.first_tensor(l); t < layout_.end_tensor(l); ++t) {
+      auto before = std::exchange(written_sums_[t], std::nullopt);
+      if (!before || host_sum(t) == before) continue;
+      std::string why = "tensor '" + layout_.layers()[l].name + "." + layout_.tensor(t).name + "' on source " +
+                        std::to_string(index_) + " changed between after_update(" + std::to_string(l) + ") of iteration " +
+                        (last_step_ ? std::to_string(*last_step_) : "(first)") + " and before_update(" + std::to_string(l) +
+                        ") of iteration " + current_name() + ": only the code between a layer's before_update and "
+                        "after_update may write its tensors (settings.check_writes)";
+      if (s_) fail_session(errc::outside_hooks, why);
+      throw error(errc::outside_hooks, why);
+    }
   }
 
   /// Sends this source's groups of layer `l`: each piece straight from the tensor (or
@@ -407,6 +495,7 @@ class source_engine {
   void send_layer(std::size_t l) {
     auto& s = *s_;
     s.layer_sent[l] = true;
+    if (resized(l)) return;
     auto groups = plan_.sent_by_source(index_, l);
     if (groups.empty()) {
       digest_layer(l);
@@ -424,32 +513,34 @@ class source_engine {
         if (!s_) return;  // the session failed while waiting for staging space
       }
       const std::uint64_t sum = Checksum::compute(src);
-      if (!s.piece_sums.empty()) s.piece_sums[pi] = sum;
+      s.piece_sums[pi] = sum;
+      s.summed[pi] = 1;
       for (auto g : gs) {
         int dest = roles_.clones[plan_.groups()[g].to];
-        auto r = s.out.send(comm_, dest, layer_tag(base(), l, false, false), src);
+        auto r = s.out.send(comm_, dest, s.tags.layer(l, false, false), src);
         if constexpr (Pipeline::value == pipeline::kind::staged) s.ring.back().reqs.push_back(r);
         else s.layer_reqs[l].push_back(r);
         s.bytes_sent += p.length;
-        auto& h = headers.try_emplace(g, group_header{s.id, s.k, static_cast<std::uint32_t>(l), index_, {}}).first->second;
+        auto& h = headers.try_emplace(g, group_header{.session = s.id, .iteration = s.k, .layer = static_cast<std::uint32_t>(l), .from = index_, .pieces = {}}).first->second;
         h.pieces.push_back({p.tensor, p.offset, p.length, sum});
       }
     }
     for (auto& [g, h] : headers)
-      s.out.send_owned(comm_, roles_.clones[plan_.groups()[g].to], layer_tag(base(), l, false, true), h.encode());
-    digest_layer(l, &holders);
+      s.out.send_owned(comm_, roles_.clones[plan_.groups()[g].to], s.tags.layer(l, false, true), h.encode());
+    digest_layer(l);
   }
 
   /// verify_replicas: checksums the pieces of layer `l` (final for iteration k) that this
-  /// source did not just send and sum (`sent`), and once every layer is done sends the
-  /// folded digest of its whole replica to every clone rank.
-  void digest_layer(std::size_t l, const std::map<std::uint32_t, std::vector<std::uint32_t>>* sent = nullptr) {
+  /// source did not just send and sum, and once every layer is done sends the folded
+  /// digest of its whole replica to every clone rank.
+  void digest_layer(std::size_t l) {
     auto& s = *s_;
-    if (s.piece_sums.empty()) return;
+    if (!s.digest || (s.layer_pieces[l].size() && resized(l))) return;
     for (auto pi : s.layer_pieces[l]) {
-      if (sent && sent->count(pi)) continue;
+      if (s.summed[pi]) continue;
       auto& p = plan_.pieces()[pi];
       s.piece_sums[pi] = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
+      s.summed[pi] = 1;
     }
     if (++s.layers_digested < layout_.layer_count()) return;
     digest_msg m{s.id, s.k, index_, checksum::fold_pieces(s.piece_sums)};
@@ -496,8 +587,8 @@ class source_engine {
     s.meta = m.encode();
     meta_header h{s.id, s.k, s.meta.size(), Checksum::compute(s.meta)};
     for (int c : roles_.clones) {
-      s.out.send_owned(comm_, c, base() + tag_meta_header, h.encode());
-      s.out.send(comm_, c, base() + tag_meta, s.meta);
+      s.out.send_owned(comm_, c, s.tags.meta_header(), h.encode());
+      s.out.send(comm_, c, s.tags.meta(), s.meta);
     }
   }
 
@@ -529,6 +620,7 @@ class source_engine {
       }
       any |= serve_refetches(j);
     }
+    if (any && s_) s_->last_progress = clock::now();
     return any;
   }
 
@@ -556,8 +648,15 @@ class source_engine {
         case from_clone::cancel: {
           auto m = cancel_msg::decode(b);
           if (elsewhere(m.session) || !apply) return false;
-          fail_session(errc::cancelled, "clone rank " + std::to_string(roles_.clones[j]) + " cancelled session " +
-                                            std::to_string(s.id) + " at source " + std::to_string(index_));
+          const auto code = static_cast<errc>(m.code);
+          const auto who = "clone rank " + std::to_string(roles_.clones[j]);
+          if (code == errc::source_failed)  // failover: this source only is dropped; the others serve on
+            fail_session(errc::source_failed, who + " presumed source " + std::to_string(index_) +
+                                                  " failed (nothing arrived from it in time) and dropped it from session " + std::to_string(s.id));
+          else
+            fail_session(errc::cancelled, who + " gave up session " + std::to_string(s.id) +
+                                              (code == errc::cancelled ? std::string(" (cancelled)")
+                                                                       : std::string(" (its error: ") + errc_name(code) + ")"));
           return true;
         }
         case from_clone::ack: {
@@ -584,8 +683,10 @@ class source_engine {
 
   /// Sends queued refetched groups to clone index `j`, oldest first (the clone posted its
   /// receives in that order). A group of a layer this source has not yet updated in
-  /// iteration k waits; one whose layer is already being overwritten is refused with an
-  /// empty header, and the clone asks another source.
+  /// iteration k waits. A group is refused (a header without pieces) when its layer is
+  /// already being overwritten, or when a piece this source summed at iteration k no
+  /// longer matches that sum: the tensor was written outside its hooks, and serving it
+  /// would ship iteration k + 1 as k.
   bool serve_refetches(std::uint32_t j) {
     auto& s = *s_;
     bool any = false;
@@ -593,18 +694,22 @@ class source_engine {
     while (!q.empty()) {
       auto& g = plan_.groups()[q.front()];
       if (!s.layer_sent[g.layer]) break;  // not yet at iteration k for this layer
-      const int dest = roles_.clones[j];
-      group_header h{s.id, s.k, g.layer, index_, {}};
-      if (!s.released[g.layer]) {
-        for (auto pi : g.pieces) {
-          auto& p = plan_.pieces()[pi];
-          std::span<const std::byte> src = state_.bytes(p.tensor).subspan(p.offset, p.length);
-          s.refetch_reqs[g.layer].push_back(s.out.send(comm_, dest, base() + tag_refetch_data, src));
-          h.pieces.push_back({p.tensor, p.offset, p.length, Checksum::compute(src)});
-          s.bytes_sent += p.length;
-        }
+      if (resized(g.layer)) return true;
+      group_header h{.session = s.id, .iteration = s.k, .layer = g.layer, .from = index_, .pieces = {}};
+      if (s.released[g.layer]) h.refused = refusal::released;
+      for (std::size_t i = 0; i < g.pieces.size() && h.refused == refusal::none; ++i) {
+        auto& p = plan_.pieces()[g.pieces[i]];
+        const auto sum = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
+        if (s.summed[g.pieces[i]] && sum != s.piece_sums[g.pieces[i]]) h.refused = refusal::changed, h.refused_tensor = p.tensor;
+        h.pieces.push_back({p.tensor, p.offset, p.length, sum});
       }
-      s.out.send_owned(comm_, dest, base() + tag_refetch_header, h.encode());
+      if (h.refused != refusal::none) h.pieces.clear();
+      for (auto& c : h.pieces) {
+        s.refetch_reqs[g.layer].push_back(
+            s.out.send(comm_, roles_.clones[j], s.tags.refetch_data(), state_.bytes(c.tensor).subspan(c.offset, c.length)));
+        s.bytes_sent += c.length;
+      }
+      s.out.send_owned(comm_, roles_.clones[j], s.tags.refetch_header(), h.encode());
       q.pop_front();
       any = true;
     }
@@ -641,21 +746,24 @@ class source_engine {
   template <class Done>
   bool settle(Done done, const std::string& what) {
     idler<Comm> idle(comm_);
-    auto deadline = clock::now() + st_.timeout;
     for (;;) {
       idle.mark();
       if (!s_) return false;
-      bool any = poll_session();
+      poll_session();
       if (!s_) return false;
       if (done()) return true;
-      auto now = clock::now();
-      if (any) deadline = now + st_.timeout;
-      if (now >= deadline) {
-        fail_session(errc::timeout, what);
-        return false;
-      }
-      idle.idle(deadline);
+      if (expired(what)) return false;
+      idle.idle(s_->last_progress + st_.timeout);
     }
+  }
+
+  /// The session's own deadline: true (and the session failed, saying `what`) once nothing
+  /// progressed for `settings.timeout`, so that no session outlives a clone rank that vanished.
+  bool expired(const std::string& what) {
+    if (clock::now() < s_->last_progress + st_.timeout) return false;
+    fail_session(errc::timeout, what + " (nothing progressed for " +
+                                    std::to_string(std::chrono::duration<double>(st_.timeout).count()) + " s)");
+    return true;
   }
 
   void complete_session() {
@@ -740,7 +848,10 @@ class source_engine {
   };
   static constexpr std::size_t max_early = 64;
   std::deque<early_message> early_;               // clone messages naming another session (see take())
-  std::uint64_t served_ = 0, completed_ = 0, failed_ = 0;
+  std::uint64_t served_ = 0, completed_ = 0, failed_ = 0, refused_ = 0;
+  std::deque<std::uint64_t> recent_;              // sessions served or refused (see seen())
+  std::uint32_t max_epochs_ = 1, epochs_ = 1;     // tag blocks that fit / that sessions rotate over
+  std::vector<std::optional<std::uint64_t>> written_sums_;  // check_writes: tensor sums at after_update
   /// Session ids are unique across source engines (and processes), so that a stale message
   /// of an earlier engine on the same ranks is never taken for one of this engine's.
   std::uint64_t session_base_ = (std::uint64_t{std::random_device{}()} << 32) ^

@@ -15,6 +15,9 @@ namespace {
 // N = 2 sources (ranks 0, 1), M = 2 clone ranks (2, 3), tag_base 1000.
 constexpr int tb = 1000;
 int layer_tag(int l, int which) { return tb + 16 + 4 * l + which; }  // 0 data, 1 header, 2 exch data, 3 exch header
+// The first session's tag block (epoch 0) of the 3-layer base_spec: after the layer tags,
+// metadata header, metadata, refetch data, refetch header (detail::session_tags).
+int block_tag(int which) { return tb + 16 + 4 * 3 + which; }
 
 struct target {
   const char* name;
@@ -30,8 +33,8 @@ const std::vector<target>& targets() {
       {"request", 2, 0, tb + 0},
       {"decision->clone", 0, 2, tb + 1},
       {"decision->source", 0, 1, tb + 1},
-      {"meta-header", 0, 2, tb + 3},
-      {"metadata", 0, 2, tb + 4},
+      {"meta-header", 0, 2, block_tag(0)},
+      {"metadata", 0, 2, block_tag(1)},
       {"status", 1, 2, tb + 5},
       {"summary", 3, 2, tb + 6},
   };
@@ -114,9 +117,9 @@ TEST_CASE("fault: a corrupt data piece with no other source is detected, naming 
 }
 
 TEST_CASE("fault: every data message of a layer corrupt, from every source: the clone fails") {
-  // The layer's data tag and the refetch data tag (tag_base + 10, failover), every time.
+  // The layer's data tag and the refetch data tag (failover), every time.
   auto faults = std::make_shared<dc::fault::plan>();
-  for (int tag : {layer_tag(1, 0), tb + 10}) {
+  for (int tag : {layer_tag(1, 0), block_tag(2)}) {
     rule r{.action = kind::corrupt, .tag_lo = tag};
     r.times = 0;
     r.bytes = {0, 7, -1};

@@ -102,4 +102,21 @@ inline std::uint64_t fnv1a(std::span<const std::byte> b, std::uint64_t h = 14695
   return h;
 }
 
+/// Every control message ends in the FNV-1a of everything before it (`seal`), checked
+/// before a single field is read (`unseal`): a flipped byte in a length, a count or a
+/// session id is caught before the value is used, whatever the field.
+inline std::vector<std::byte> seal(writer& w) {
+  const std::uint64_t h = fnv1a(w.buffer());
+  w.u64(h);
+  return w.take();
+}
+inline std::span<const std::byte> unseal(std::span<const std::byte> b, std::string_view what) {
+  if (b.size() < 8)
+    throw error(errc::corrupt_message, std::string(what) + ": " + std::to_string(b.size()) + " bytes, too short for a deepclone message");
+  auto body = b.first(b.size() - 8);
+  reader tail(b.last(8), what);
+  if (tail.u64() != fnv1a(body)) throw error(errc::corrupt_message, std::string(what) + ": message checksum mismatch (corrupt)");
+  return body;
+}
+
 }  // namespace deepclone::detail
