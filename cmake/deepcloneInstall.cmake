@@ -3,7 +3,8 @@ include(CMakePackageConfigHelpers)
 
 set(deepclone_install_cmakedir ${CMAKE_INSTALL_LIBDIR}/cmake/deepclone)
 set(deepclone_export_targets deepclone)
-foreach(t deepclone_boost_mpi deepclone_fmt deepclone_xxhash deepclone_json)
+foreach(t deepclone_boost_mpi deepclone_fmt deepclone_xxhash deepclone_json deepclone_thrust_cpp deepclone_cuda
+        deepclone_torch)
   if(TARGET ${t})
     list(APPEND deepclone_export_targets ${t})
   endif()

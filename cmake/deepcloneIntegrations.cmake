@@ -6,6 +6,9 @@
 #   deepclone::json       nlohmann-json            <deepclone/integrations/json.hpp>
 #   deepclone::thrust_cpp Thrust on the CPU        <deepclone/integrations/thrust.hpp>
 #   deepclone::cuda       CUDA Toolkit + Thrust    <deepclone/integrations/cuda.hpp>
+#   deepclone::torch      LibTorch                 <deepclone/integrations/torch.hpp>
+# Every target that exists is installed and exported (cmake/deepcloneInstall.cmake);
+# deepcloneConfig.cmake finds its dependency again on the consumer's machine.
 
 set(deepclone_integration_dir ${PROJECT_SOURCE_DIR}/include/deepclone/integrations)
 
@@ -75,7 +78,8 @@ if(DEEPCLONE_THRUST_INCLUDE_DIR AND NOT DEEPCLONE_THRUST_INCLUDE_DIR MATCHES "cc
   add_library(deepclone_thrust_cpp INTERFACE)
   add_library(deepclone::thrust_cpp ALIAS deepclone_thrust_cpp)
   set_target_properties(deepclone_thrust_cpp PROPERTIES EXPORT_NAME thrust_cpp)
-  target_include_directories(deepclone_thrust_cpp SYSTEM INTERFACE ${DEEPCLONE_THRUST_INCLUDE_DIR})
+  # Exported without the path: deepcloneConfig.cmake finds thrust/version.h again.
+  target_include_directories(deepclone_thrust_cpp SYSTEM INTERFACE $<BUILD_INTERFACE:${DEEPCLONE_THRUST_INCLUDE_DIR}>)
   target_compile_definitions(deepclone_thrust_cpp INTERFACE THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP)
   target_link_libraries(deepclone_thrust_cpp INTERFACE deepclone)
   set(DEEPCLONE_HAVE_THRUST_CPP ON)
@@ -117,4 +121,18 @@ if(DEEPCLONE_CUDA)
 endif()
 if(NOT DEEPCLONE_HAVE_CUDA)
   message(STATUS "deepclone: no CUDA compiler (nvcc) found or DEEPCLONE_CUDA=OFF; the CUDA tests and example are skipped")
+endif()
+
+# deepclone::torch: LibTorch (Debian 12: libtorch-dev, 1.13.1, CPU) for integrations/torch.hpp.
+find_package(Torch QUIET)
+if(Torch_FOUND AND TARGET torch AND EXISTS ${deepclone_integration_dir}/torch.hpp)
+  add_library(deepclone_torch INTERFACE)
+  add_library(deepclone::torch ALIAS deepclone_torch)
+  set_target_properties(deepclone_torch PROPERTIES EXPORT_NAME torch)
+  target_link_libraries(deepclone_torch INTERFACE deepclone ${TORCH_LIBRARIES})
+  set(DEEPCLONE_HAVE_TORCH ON)
+  message(STATUS "deepclone: LibTorch ${Torch_VERSION} found; the torch integration, its tests and example are built")
+else()
+  set(DEEPCLONE_HAVE_TORCH OFF)
+  message(STATUS "deepclone: LibTorch not found (libtorch-dev); the torch integration, its tests and example are skipped")
 endif()

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(doctest-dev libboost-mpi-dev libopenmpi-dev openmpi-bin libfmt-dev libthrust-dev libxxhash-dev nlohmann-json3-dev python3-matplotlib)
+packages=(doctest-dev libboost-mpi-dev libopenmpi-dev openmpi-bin libfmt-dev libthrust-dev libxxhash-dev nlohmann-json3-dev python3-matplotlib
+          libtorch-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -91,7 +91,7 @@ class layout {
         t.name = r.str();
         t.bytes = r.u64();
         auto ty = r.u8();
-        if (ty > static_cast<std::uint8_t>(dtype::bytes)) r.fail("unknown dtype " + std::to_string(ty));
+        if (ty > static_cast<std::uint8_t>(dtype::boolean)) r.fail("unknown dtype " + std::to_string(ty));
         t.type = static_cast<dtype>(ty);
         auto nd = r.u32();
         if (nd > r.remaining() / 8) r.fail("shape rank exceeds the message");

@@ -21,12 +21,13 @@ namespace deepclone {
 /// they agree before any byte moves.
 enum class dtype : std::uint8_t {
   u8, i8, u16, i16, u32, i32, u64, i64, f16, bf16, f32, f64, c64, c128, bytes,
+  boolean,  ///< one byte per element (C++ bool, at::kBool); added last to keep the encoding stable
 };
 
 /// Size of one element in bytes (1 for `dtype::bytes`).
 constexpr std::size_t dtype_size(dtype t) noexcept {
   switch (t) {
-    case dtype::u8: case dtype::i8: case dtype::bytes: return 1;
+    case dtype::u8: case dtype::i8: case dtype::bytes: case dtype::boolean: return 1;
     case dtype::u16: case dtype::i16: case dtype::f16: case dtype::bf16: return 2;
     case dtype::u32: case dtype::i32: case dtype::f32: return 4;
     case dtype::u64: case dtype::i64: case dtype::f64: case dtype::c64: return 8;
@@ -36,9 +37,10 @@ constexpr std::size_t dtype_size(dtype t) noexcept {
 }
 
 constexpr std::string_view dtype_name(dtype t) noexcept {
-  constexpr std::array<std::string_view, 15> names{"uint8", "int8",    "uint16", "int16", "uint32",
+  constexpr std::array<std::string_view, 16> names{"uint8", "int8",    "uint16", "int16", "uint32",
                                                    "int32", "uint64",  "int64",  "float16", "bfloat16",
-                                                   "float32", "float64", "complex64", "complex128", "bytes"};
+                                                   "float32", "float64", "complex64", "complex128", "bytes",
+                                                   "bool"};
   auto i = static_cast<std::size_t>(t);
   return i < names.size() ? names[i] : std::string_view{"unknown"};
 }
