@@ -24,10 +24,47 @@ concept ranked_communicator = requires(const C& c) {
   { c.size() } -> std::convertible_to<int>;
 };
 
-/// Non-blocking point-to-point byte messages. `isend` keeps reading `data` until the
-/// request completes (zero-copy); `irecv` writes into `buffer` and completes with the
-/// number of bytes received (at most buffer.size()). `cancel` withdraws a request that
-/// has not completed; after it returns the buffer is no longer touched.
+/// Non-blocking point-to-point byte messages: what the engines need from a transport.
+///
+/// The contract. The concept checks the signatures and (1); the rest is what an adapter
+/// must do at run time (docs/communicator.md explains each point; `inproc.hpp` and
+/// `integrations/boost_mpi.hpp` are two adapters, `examples/own_communicator.cpp` a minimal
+/// one written from scratch, with a run-time check of every point):
+///  1. `request_type` is default-constructible and movable: the engines keep requests in
+///     containers and default-construct them before posting. A default-constructed request
+///     is never passed to `test` or `cancel`.
+///  2. `isend(peer, tag, data)` and `irecv(peer, tag, buffer)` return at once. A send may
+///     read `data` until it completes or is cancelled (zero-copy); a receive writes at most
+///     `buffer.size()` bytes into `buffer`. Messages of 0 bytes are legal.
+///  3. Matching is MPI's: a receive takes the oldest unmatched message from `peer` with
+///     `tag`, and messages from one sender with one tag are received in the order sent,
+///     whatever their sizes. Tags up to `max_tag()` (or 32767) work.
+///  4. `test(r)` never blocks and moves the transport along (a transport whose bytes move
+///     only when it is called, as MPI's rendezvous protocol does, moves them here): it
+///     returns nothing while `r` is pending, and the number of bytes sent or received once
+///     complete. Testing a completed request again returns the same value again.
+///  5. A message larger than the receive buffer is an error, not a truncation: `test` of
+///     that receive throws `deepclone::error` (`errc::transport`), naming sender, receiver
+///     and tag; `test` of the send may complete or throw the same error.
+///  6. `cancel(r)` withdraws a pending request; once it returns, the transport writes no
+///     more into a receive's buffer. A receive that had already matched may complete
+///     instead (its bytes land before `cancel` returns). `cancel` of a completed or already
+///     cancelled request does nothing. After `cancel`, `test(r)` returns a value: 0 for a
+///     withdrawn request, the byte count for one that completed (the engines tell the two
+///     apart because they never send empty control messages).
+///  7. Sends that the transport cannot withdraw (Open MPI's ob1 never cancels a send): the
+///     adapter keeps such a request internally and keeps progressing it (see
+///     boost_mpi.hpp's parked sends); the receiver may still get the message later, and
+///     deepclone's receivers discard it by its session. The engines cancel sends only when
+///     a clone session failed or was withdrawn.
+///  8. Failures are `deepclone::error`s (`errc::transport` for the transport,
+///     `errc::invalid_argument` for a peer outside the communicator); the engines turn them
+///     into a failed clone session, never into a hung one.
+///  9. `wait(r)` blocks until `r` completes. The engines never call it (they test with
+///     their own deadlines, so a lost peer cannot hang them); the trainer-side collectives
+///     of collectives.hpp do.
+/// 10. One thread at a time calls a communicator object (the trainer's thread that calls
+///     the hooks or the clone's `wait`); an adapter may run its own progress thread.
 template <class C>
 concept point_to_point_communicator =
     ranked_communicator<C> &&
@@ -35,6 +72,7 @@ concept point_to_point_communicator =
              typename C::request_type& r) {
       typename C::request_type;
       requires std::movable<typename C::request_type>;
+      requires std::default_initializable<typename C::request_type>;
       { c.isend(peer, tag, out) } -> std::same_as<typename C::request_type>;
       { c.irecv(peer, tag, in) } -> std::same_as<typename C::request_type>;
       { c.test(r) } -> std::same_as<std::optional<std::size_t>>;
