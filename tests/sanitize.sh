@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sanitizer builds of the tests (CI runs this after tests/run_all.sh): the unit tests and the
 # in-process fault tests with AddressSanitizer + UndefinedBehaviorSanitizer, the in-process
-# tests (unit.transport, unit.clone, unit.failover, fault.matrix) with ThreadSanitizer.
-# unit.clone, unit.failover and fault.matrix run subsets of their cases (doctest filters) to
+# tests (unit.transport, unit.clone, unit.failover, fault.matrix, fault.campaign) with ThreadSanitizer.
+# unit.clone, unit.failover and fault.matrix run subsets of their cases (doctest filters), and
+# fault.campaign a few seeds (CAMPAIGN_ASAN_SEEDS, CAMPAIGN_TSAN_SEEDS; engine timeout 3 s), to
 # keep the whole script near 20 minutes on 2 cores; the builds take most of it.
 # Usage: tests/sanitize.sh [asan|tsan|all]   (build dirs: build-asan, build-tsan)
 set -euo pipefail
@@ -10,6 +11,9 @@ what=${1:-all}
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=${JOBS:-$(nproc)}
 clone_filter='-tc=*split_even*,checksum::none*,*second clone*'
+# Seeds of fault.campaign: every engine instantiation, a silenced rank, a cancelling clone.
+campaign_asan_seeds=${CAMPAIGN_ASAN_SEEDS:-1,2,7,8,22,24}
+campaign_tsan_seeds=${CAMPAIGN_TSAN_SEEDS:-1,7,8,24}
 run() { echo "+ $*"; "$@"; }
 
 if [[ $what == asan || $what == all ]]; then
@@ -18,22 +22,24 @@ if [[ $what == asan || $what == all ]]; then
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" >/dev/null
   units=(plan transport errors training failover link)
   [[ -f /usr/include/xxhash.h ]] && units+=(xxhash)
-  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input "${units[@]/#/unit.}"
+  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.campaign "${units[@]/#/unit.}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   for t in "${units[@]}"; do run "$b/tests/unit/unit.$t"; done
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*silenced coordinator*'
   run "$b/tests/fault/fault.input" -tce='*64 MiB*'
+  run env DEEPCLONE_CAMPAIGN_SEEDS="$campaign_asan_seeds" DEEPCLONE_CAMPAIGN_TIMEOUT_MS=3000 "$b/tests/fault/fault.campaign"
 fi
 if [[ $what == tsan || $what == all ]]; then
   b=$root/build-tsan
   run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" >/dev/null
-  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.failover fault.matrix
+  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.failover fault.matrix fault.campaign
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   run "$b/tests/unit/unit.transport"
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/unit/unit.failover" -tc='*corrupted piece*,*verify_replicas: every*,*digest never*'
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*duplicate*,*silenced source*'
+  run env DEEPCLONE_CAMPAIGN_SEEDS="$campaign_tsan_seeds" DEEPCLONE_CAMPAIGN_TIMEOUT_MS=3000 "$b/tests/fault/fault.campaign"
 fi
 echo "sanitize: OK"
