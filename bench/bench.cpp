@@ -5,8 +5,8 @@
 //   deepclone_bench [--model bert_large] [--scale 0.125] [--sources 4] [--clones 2]
 //                   [--iteration 0.5] [--link-gbs 1] [--storage-gbs 2] [--out DIR] [--quick]
 //
-// Writes DIR/results.jsonl (one JSON object per measurement, also printed), DIR/table.md,
-// DIR/chart.svg and DIR/scaling.md.
+// Writes DIR/results.jsonl (one JSON object per measurement, also printed), DIR/table.md and
+// DIR/scaling.md; bench/plot.py draws the chart from results.jsonl.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -15,6 +15,8 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+
+#include <deepclone/integrations/json.hpp>
 
 #include "bench_run.hpp"
 #include "scaling_model.hpp"
@@ -283,38 +285,21 @@ std::pair<double, double> probe_disk(const std::string& dir, replica& r, std::ui
 }
 
 // ---------------------------------------------------------------- output
-std::string num(double v) {
-  if (std::isnan(v) || std::isinf(v)) return "null";
-  std::ostringstream o;
-  o.precision(6);
-  o << v;
-  return o.str();
-}
-std::string str(const std::string& s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\';
-    o += ch;
-  }
-  return o + "\"";
-}
-
-std::string json(const record& r) {
-  std::ostringstream o;
-  o << "{\"model\":" << str(r.model) << ",\"strategy\":" << str(r.strategy) << ",\"pipeline\":" << str(r.pipeline)
-    << ",\"reconstruction\":" << str(r.reconstruction) << ",\"sources\":" << r.sources << ",\"clones\":" << r.clones
-    << ",\"state_bytes\":" << r.state_bytes << ",\"scale\":" << num(r.scale) << ",\"iteration_s\":" << num(r.iteration_s)
-    << ",\"overhead_s\":" << num(r.overhead_s) << ",\"standby_s\":" << num(r.standby_s) << ",\"readiness_s\":" << num(r.readiness_s)
-    << ",\"first_layer_s\":" << num(r.first_layer_s) << ",\"agreement_s\":" << num(r.agreement_s)
-    << ",\"readiness_from_state_s\":" << num(r.from_state_s) << ",\"bound_s\":" << num(r.bound_s)
-    << ",\"readiness_over_bound\":" << num(r.readiness_s / r.bound_s) << ",\"bandwidth_Bps\":" << num(r.bandwidth_Bps)
-    << ",\"link\":" << str(r.link) << ",\"trainer\":" << str(r.trainer) << ",\"hook_s\":" << num(r.hook_s)
-    << ",\"max_source_bytes\":" << r.max_source_bytes << ",\"extra_source_bytes\":" << r.extra_source_bytes
-    << ",\"extra_clone_bytes\":" << r.extra_clone_bytes << ",\"file_bytes\":" << r.file_bytes
-    << ",\"process_peak_extra_bytes\":" << num(r.process_peak_extra_bytes) << ",\"verified\":" << (r.verified ? "true" : "false")
-    << ",\"predicted_readiness_s\":" << num(r.predicted_readiness_s) << ",\"predicted_overhead_s\":" << num(r.predicted_overhead_s)
-    << "}";
-  return o.str();
+/// One measurement as a JSON object (nlohmann-json, through the JSON integration; a figure
+/// not measured, NaN, is null). deepclone rows carry the clone's full report too.
+nlohmann::json json(const record& r) {
+  using deepclone::detail::json::number;
+  return {{"model", r.model}, {"strategy", r.strategy}, {"pipeline", r.pipeline}, {"reconstruction", r.reconstruction},
+          {"sources", r.sources}, {"clones", r.clones}, {"state_bytes", r.state_bytes}, {"scale", number(r.scale)},
+          {"iteration_s", number(r.iteration_s)}, {"overhead_s", number(r.overhead_s)}, {"standby_s", number(r.standby_s)},
+          {"readiness_s", number(r.readiness_s)}, {"first_layer_s", number(r.first_layer_s)}, {"agreement_s", number(r.agreement_s)},
+          {"readiness_from_state_s", number(r.from_state_s)}, {"bound_s", number(r.bound_s)},
+          {"readiness_over_bound", number(r.readiness_s / r.bound_s)}, {"bandwidth_Bps", number(r.bandwidth_Bps)}, {"link", r.link},
+          {"trainer", r.trainer}, {"transport", "inproc"}, {"hook_s", number(r.hook_s)}, {"max_source_bytes", r.max_source_bytes},
+          {"extra_source_bytes", r.extra_source_bytes}, {"extra_clone_bytes", r.extra_clone_bytes}, {"file_bytes", r.file_bytes},
+          {"process_peak_extra_bytes", number(r.process_peak_extra_bytes)}, {"verified", r.verified},
+          {"predicted_readiness_s", number(r.predicted_readiness_s)}, {"predicted_overhead_s", number(r.predicted_overhead_s)},
+          {"report", r.rep ? nlohmann::json(*r.rep) : nlohmann::json(nullptr)}};
 }
 
 std::string f3(double v, int p = 3) {
@@ -336,44 +321,6 @@ std::string table(const std::vector<record>& rs) {
       << " | " << f3(r.first_layer_s) << " | " << f3(r.bound_s) << " | " << f3(static_cast<double>(r.max_source_bytes) / 1e6, 1)
       << " | " << f3(static_cast<double>(r.extra_source_bytes) / 1e6, 1) << " | " << f3(r.predicted_readiness_s, 2) << " / "
       << f3(r.predicted_overhead_s, 2) << " | " << (r.verified ? "yes" : "**no**") << " |\n";
-  return o.str();
-}
-
-/// Two panels of horizontal bars (readiness with the bound marked, and source overhead),
-/// one row per measurement. Hand-written SVG, no dependency.
-std::string svg(const std::vector<record>& rs, const std::string& title) {
-  const int row = 18, top = 50, label_w = 330, panel_w = 330, gap = 40;
-  const int h = top + row * static_cast<int>(rs.size()) + 40, w = label_w + 2 * panel_w + gap + 20;
-  double max_r = 0, max_o = 0;
-  for (auto& r : rs) {
-    max_r = std::max({max_r, r.readiness_s, r.bound_s});
-    if (!std::isnan(r.overhead_s)) max_o = std::max(max_o, r.overhead_s);
-  }
-  if (max_o <= 0) max_o = 1;
-  std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
-    << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    << "<text x=\"10\" y=\"18\" font-size=\"14\" font-weight=\"bold\">" << title << "</text>\n"
-    << "<text x=\"" << label_w << "\" y=\"40\">readiness (s); black tick: bound max(S/NB, S/B)</text>\n"
-    << "<text x=\"" << label_w + panel_w + gap << "\" y=\"40\">source overhead of the fork (s)</text>\n";
-  for (std::size_t i = 0; i < rs.size(); ++i) {
-    auto& r = rs[i];
-    int y = top + row * static_cast<int>(i);
-    std::string label = r.link + " · " + r.trainer + " · " + r.strategy + (r.strategy.starts_with("deepclone") ? " " + r.pipeline + "/" + r.reconstruction : "");
-    o << "<text x=\"10\" y=\"" << y + 12 << "\">" << label << "</text>\n";
-    double rw = panel_w * r.readiness_s / max_r;
-    o << "<rect x=\"" << label_w << "\" y=\"" << y + 2 << "\" width=\"" << f3(rw, 1) << "\" height=\"" << row - 5
-      << "\" fill=\"#4878cf\"/><text x=\"" << f3(label_w + rw + 3, 1) << "\" y=\"" << y + 12 << "\" font-size=\"9\">" << f3(r.readiness_s, 2) << "</text>\n";
-    double bx = label_w + panel_w * r.bound_s / max_r;
-    o << "<line x1=\"" << f3(bx, 1) << "\" x2=\"" << f3(bx, 1) << "\" y1=\"" << y << "\" y2=\"" << y + row - 1 << "\" stroke=\"black\" stroke-width=\"2\"/>\n";
-    double ov = std::isnan(r.overhead_s) ? 0 : std::max(0.0, r.overhead_s);
-    double ow = panel_w * ov / max_o;
-    int ox = label_w + panel_w + gap;
-    o << "<rect x=\"" << ox << "\" y=\"" << y + 2 << "\" width=\"" << f3(ow, 1) << "\" height=\"" << row - 5
-      << "\" fill=\"#e1812c\"/><text x=\"" << f3(ox + ow + 3, 1) << "\" y=\"" << y + 12 << "\" font-size=\"9\">" << f3(r.overhead_s, 3) << "</text>\n";
-  }
-  o << "<text x=\"10\" y=\"" << h - 12 << "\" font-size=\"10\">readiness axis 0–" << f3(max_r, 2) << " s; overhead axis 0–" << f3(max_o, 2)
-    << " s (negative overheads drawn as 0)</text>\n</svg>\n";
   return o.str();
 }
 
@@ -478,7 +425,7 @@ int main(int argc, char** argv) {
     else pr = model::checkpoint(p, r.strategy == "checkpoint_deepfreeze");
     r.predicted_readiness_s = pr.readiness_s;
     r.predicted_overhead_s = pr.overhead_s;
-    auto line = json(r);
+    auto line = json(r).dump();
     std::cout << line << std::endl;
     jl << line << "\n" << std::flush;
     all.push_back(r);
@@ -514,9 +461,6 @@ int main(int argc, char** argv) {
     }
   }
   std::ofstream(cfg.out_dir + "/table.md") << table(all);
-  std::ostringstream title;
-  title << cfg.model << " + momentum, N=" << N << " M=" << M << ", scale " << cfg.scale << " (" << f3(S / 1e6, 0) << " MB per replica)";
-  std::ofstream(cfg.out_dir + "/chart.svg") << svg(all, title.str());
 
   // The scaling model at full scale, up to 1024 ranks, against a parallel file system.
   std::ostringstream sc;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -152,9 +153,14 @@ struct trainer {
     }
   }
 
-  /// One iteration. `flags` go through the sources' allreduce (fork / stop requests).
-  template <class Comm, class Hooks>
-  void iterate(Comm& comm, const std::vector<int>& group, Hooks& hooks, double flags[2]) {
+  /// One iteration. `flags` go through the sources' per-iteration allreduce (fork / stop
+  /// requests), done by `allreduce(flags)` after the updates: the in-process runs pass
+  /// deepclone::allreduce_sum over point-to-point, the MPI runs MPI_Allreduce over the
+  /// sources' communicator. Hooks may put a word into the allreduce and read the sum back
+  /// (`contribute(flags)` / `learn(flags)`): where an agreement policy that rides on the
+  /// trainer's allreduce (engine v2's agreement::collective) plugs in.
+  template <class Allreduce, class Hooks>
+  void iterate(Allreduce&& allreduce, Hooks& hooks, std::span<double> flags) {
     const std::size_t L = r.layers();
     auto t = clock::now();
     const double fwd = cfg.fwd_fraction, bwd = 1.0 - cfg.fwd_fraction;
@@ -167,11 +173,19 @@ struct trainer {
       hooks.after_update(l);
       t = clock::now();
     }
-    deepclone::allreduce_sum(comm, std::span<const int>(group), std::span<double>(flags, 2), 7);
+    if constexpr (requires { hooks.contribute(flags); }) hooks.contribute(flags);
+    allreduce(flags);
+    if constexpr (requires { hooks.learn(flags); }) hooks.learn(flags);
     r.state.metadata().step = step;
     r.state.metadata().data_cursor += 1024;
     hooks.end_iteration(step);
     ++step;
+  }
+  /// The in-process runs: the allreduce over point-to-point among `group`.
+  template <class Comm, class Hooks>
+  void iterate(Comm& comm, const std::vector<int>& group, Hooks& hooks, double flags[2]) {
+    iterate([&](std::span<double> f) { deepclone::allreduce_sum(comm, std::span<const int>(group), f, 7); }, hooks,
+            std::span<double>(flags, 2));
   }
 };
 
@@ -186,6 +200,7 @@ struct record {
   double process_peak_extra_bytes = 0;
   bool verified = false;
   double predicted_readiness_s = NAN, predicted_overhead_s = NAN;
+  std::shared_ptr<deepclone::report> rep;  // deepclone rows: clone rank 0's report
 };
 
 }  // namespace bench

@@ -1,31 +1,92 @@
 #!/usr/bin/env python3
-"""Checks deepclone_bench's output is well-formed: every line of results.jsonl parses and
-carries the required fields with sensible types, table.md has one row per line, chart.svg
-is XML. No timing assertions. With --run-smoke, first runs $BENCH on a tiny configuration
-into $OUT (the bench-smoke CTest test)."""
-import json, os, subprocess, sys
-import xml.etree.ElementTree as ET
+"""Checks the benchmarks' output is well-formed: every JSON line parses and carries the
+required fields with sensible types, every clone verified, the tables have one row per
+measurement (or per strategy and link), and the chart is drawn (bench/plot.py, when
+matplotlib is installed). No timing assertions.
+  --run-smoke       first runs $BENCH (deepclone_bench, in process) on a tiny configuration into $OUT
+  --run-smoke-mpi   first runs $MPIRUN $BENCH (deepclone_bench_mpi, 2 sources + 2 clones) likewise
+These are the bench-smoke CTest tests."""
+import importlib.util, json, os, shlex, subprocess, sys
 
+NUM = (int, float)
+OPT = (int, float, type(None))
 REQUIRED = {"model": str, "strategy": str, "pipeline": str, "reconstruction": str, "sources": int, "clones": int,
-            "state_bytes": int, "iteration_s": (int, float, type(None)), "overhead_s": (int, float, type(None)),
-            "standby_s": (int, float), "readiness_s": (int, float), "first_layer_s": (int, float),
-            "bound_s": (int, float), "link": str, "verified": bool}
+            "state_bytes": int, "iteration_s": OPT, "overhead_s": OPT, "standby_s": OPT, "readiness_s": NUM,
+            "first_layer_s": OPT, "bound_s": NUM, "link": str, "verified": bool, "predicted_readiness_s": OPT}
+MPI_REQUIRED = {"round": int, "breakdown": dict, "overhead_by_iteration": list, "loadavg": list, "kind": str}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def lines(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+
+
+def check_record(r, extra={}):
+    for k, t in {**REQUIRED, **extra}.items():
+        assert k in r, f"missing {k} in {r}"
+        assert isinstance(r[k], t), f"{k} has type {type(r[k]).__name__} in {r}"
+    assert r["readiness_s"] > 0 and r["bound_s"] > 0 and r["state_bytes"] > 0
+    assert r["verified"], f"clone state differs from the source's: {r['strategy']} {r['link']}"
+    if r["strategy"].startswith("deepclone"):
+        assert isinstance(r.get("report"), dict) and r["report"]["clones"], "deepclone row without its report"
+
+
+def table_rows(path):
+    return [l for l in open(path) if l.startswith("| ") and not l.startswith("| link")]
+
+
+def python_with_matplotlib():
+    """This interpreter if it has matplotlib, else the system's (Debian's python3-matplotlib)."""
+    if importlib.util.find_spec("matplotlib") is not None:
+        return sys.executable
+    for py in ("/usr/bin/python3",):
+        if os.path.exists(py) and subprocess.run([py, "-c", "import matplotlib"], capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def chart(out):
+    py = python_with_matplotlib()
+    if py is None:
+        print("matplotlib missing: chart not drawn")
+        return
+    subprocess.run([py, os.path.join(HERE, "plot.py"), out], check=True, stdout=subprocess.DEVNULL)
+    assert os.path.getsize(os.path.join(out, "chart.png")) > 1000
+
 
 def check(out):
-    lines = [l for l in open(os.path.join(out, "results.jsonl")) if l.strip()]
-    assert lines, "no measurements"
-    for l in lines:
-        r = json.loads(l)
-        for k, t in REQUIRED.items():
-            assert k in r, f"missing {k} in {l}"
-            assert isinstance(r[k], t), f"{k} has type {type(r[k]).__name__} in {l}"
-        assert r["readiness_s"] >= 0 and r["bound_s"] > 0 and r["state_bytes"] > 0
-        assert r["verified"], f"clone state differs from the source's: {l}"
-    rows = [l for l in open(os.path.join(out, "table.md")) if l.startswith("| ") and not l.startswith("| link")]
-    assert len(rows) == len(lines), f"{len(rows)} table rows for {len(lines)} measurements"
-    ET.parse(os.path.join(out, "chart.svg"))
+    rs = lines(os.path.join(out, "results.jsonl"))
+    assert rs, "no measurements"
+    for r in rs:
+        check_record(r)
+    assert len(table_rows(os.path.join(out, "table.md"))) == len(rs)
     assert os.path.getsize(os.path.join(out, "scaling.md")) > 0
-    print(f"ok: {len(lines)} measurements")
+    chart(out)
+    print(f"ok: {len(rs)} measurements")
+
+
+def check_mpi(out, rounds):
+    rs = lines(os.path.join(out, "results.jsonl"))
+    assert rs, "no measurements"
+    for r in rs:
+        check_record(r, MPI_REQUIRED)
+        bd = r["breakdown"]
+        keys = ["request_to_decision_s", "k_updates_s", "final_to_ready_s"] if r["kind"] == "deepclone" else ["request_to_boundary_s", "transfer_s"]
+        for k in keys:
+            assert isinstance(bd.get(k), NUM), f"breakdown {k} missing in {r['strategy']}"
+    assert {r["round"] for r in rs} == set(range(rounds))
+    summ = lines(os.path.join(out, "summary.jsonl"))
+    assert len(summ) == len({(r["link"], r["strategy"]) for r in rs})
+    for s in summ:
+        assert s["rounds"] == rounds and s["verified"]
+        assert s["readiness_s"]["min"] <= s["readiness_s"]["median"] <= s["readiness_s"]["max"]
+    assert len(table_rows(os.path.join(out, "table.md"))) == len(summ)
+    assert len(table_rows(os.path.join(out, "breakdown.md"))) == len(summ)
+    for f in ("scaling.md", "targets.md"):
+        assert os.path.getsize(os.path.join(out, f)) > 0
+    chart(out)
+    print(f"ok: {len(rs)} runs, {len(summ)} strategies x links")
+
 
 if __name__ == "__main__":
     if "--run-smoke" in sys.argv:
@@ -34,5 +95,15 @@ if __name__ == "__main__":
                         "--iteration", "0.02", "--warmup", "3", "--link-gbs", "2", "--storage-gbs", "4", "--quick", "--out", out],
                        check=True, stdout=subprocess.DEVNULL)
         check(out)
+    elif "--run-smoke-mpi" in sys.argv:
+        out = os.environ["OUT"]
+        subprocess.run(shlex.split(os.environ["MPIRUN"]) + [os.environ["BENCH"], "--model", "mobilenet_v3_large", "--scale", "0.05",
+                        "--sources", "2", "--clones", "2", "--iteration", "0.02", "--warmup", "3", "--rounds", "2", "--link-gbs", "2",
+                        "--storage-gbs", "4", "--quick", "--out", out], check=True, stdout=subprocess.DEVNULL)
+        check_mpi(out, 2)
     else:
-        check(sys.argv[1] if len(sys.argv) > 1 else ".")
+        d = sys.argv[1] if len(sys.argv) > 1 else "."
+        if os.path.exists(os.path.join(d, "summary.jsonl")):
+            check_mpi(d, max(r["round"] for r in lines(os.path.join(d, "results.jsonl"))) + 1)
+        else:
+            check(d)

@@ -85,6 +85,7 @@ record run_engine(context& c, typename Engine::settings settings, const std::str
   });
 
   record out;
+  out.rep = std::make_shared<deepclone::report>(rep);
   out.strategy = strategy;
   out.pipeline = Engine::pipeline_type::name;
   out.reconstruction = Engine::reconstruct_type::name;

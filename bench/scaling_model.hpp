@@ -23,6 +23,7 @@ struct params {
   double request_phase = 1.0;       // fraction of an iteration left when the request arrives
   double pfs_write = 2e9, pfs_read = 2e9;  // aggregate storage bandwidth, bytes/s
   double checksum_rate = 4e9;       // bytes/s a source checksums its share at
+  double segment = 1 << 20;         // pipelined broadcast segment, bytes
 };
 
 struct prediction {
@@ -36,8 +37,12 @@ inline double total(const params& p) {
 }
 
 /// deepclone with the given pipeline ("window", "staged", "blocking") and reconstruction
-/// ("scatter_exchange", "direct"); `single_root` models the root broadcast.
-inline prediction deepclone(const params& p, const std::string& pipeline, const std::string& recon, bool single_root = false) {
+/// ("scatter_exchange", "direct"); `single_root` models the root broadcast. Agreement:
+/// the coordinator protocol (k = the iteration in which the coordinator saw every request
+/// + fork_lead), or, with `collective`, engine v2's agreement on the trainer's allreduce
+/// (every source learns k at the next allreduce: k is the next iteration).
+inline prediction deepclone(const params& p, const std::string& pipeline, const std::string& recon, bool single_root = false,
+                            bool collective = false) {
   const double S = total(p), it = p.iteration_s;
   const std::size_t L = p.layer_bytes.size();
   // State bytes per second the slowest link lets through: the sources' egress carries
@@ -48,7 +53,8 @@ inline prediction deepclone(const params& p, const std::string& pipeline, const 
   double rate = std::min(senders * p.B_s / copies, p.B_c);
   // scatter_exchange forwards a layer once its owner holds it: a store-and-forward step of
   // one layer's share, which pipelining over layers hides except for the last layer.
-  const double to_k = (p.request_phase + p.fork_lead - 1) * it;  // request -> iteration k starts
+  const double lead = collective ? 1.0 : p.fork_lead;
+  const double to_k = (p.request_phase + lead - 1) * it;  // request -> iteration k starts
   const double bwd_start = to_k + p.fwd_fraction * (1 - p.update_fraction) * it;
   const double bwd_len = it - p.fwd_fraction * (1 - p.update_fraction) * it;
   prediction out;
@@ -97,6 +103,37 @@ inline prediction checkpoint(const params& p, bool sharded) {
   out.overhead_s = write;
   out.readiness_s = p.request_phase * it + write + read;
   out.first_layer_s = p.request_phase * it + write + p.layer_bytes.front() / r_rate_per_clone;
+  return out;
+}
+
+/// A pipelined broadcast over P ranks at the next iteration boundary, the large-message
+/// algorithm of MPI_Bcast (Open MPI's tuned component: a segmented chain or a pipelined
+/// binary tree, whichever is faster here): chain S/B + (P-2) seg/B, binary tree
+/// 2 S/B + (log2 P - 1) 2 seg/B (an inner node sends every segment twice). Training
+/// stops for the whole broadcast (data-parallel ranks wait for each other).
+inline prediction broadcast(const params& p, double P) {
+  const double S = total(p), B = std::min(p.B_s, p.B_c);
+  prediction out;
+  if (P < 2) return out;
+  const double chain = S / B + std::max(0.0, P - 2) * p.segment / B + (P - 1) * p.latency;
+  const double depth = std::ceil(std::log2(P));
+  const double tree = 2 * S / B + std::max(0.0, depth - 1) * 2 * p.segment / B + depth * p.latency;
+  const double t = std::min(chain, tree);
+  out.overhead_s = t;
+  out.readiness_s = p.request_phase * p.iteration_s + t;
+  out.first_layer_s = p.request_phase * p.iteration_s + p.layer_bytes.front() / B;
+  return out;
+}
+
+/// Stop-the-world sharded transfer at the next boundary: every source sends its 1/(N M)
+/// slice to each clone rank (S/N out of each source), the clone ranks allgather (S into each).
+inline prediction sharded(const params& p) {
+  const double S = total(p);
+  const double t = std::max(S / (p.N * p.B_s), p.M > 1 ? S / p.B_c : S / p.M / p.B_c) + 2 * p.latency;
+  prediction out;
+  out.overhead_s = t;
+  out.readiness_s = p.request_phase * p.iteration_s + t;
+  out.first_layer_s = out.readiness_s;
   return out;
 }
 

@@ -224,16 +224,24 @@ class link_fabric {
 
 /// The decorator. Models point_to_point_communicator, plus tag_bounded_communicator and
 /// waitable_communicator where `Comm` does. Cheap to copy (copies share the fabric).
-template <point_to_point_communicator Comm, class Clock = std::chrono::steady_clock>
+///
+/// `Fabric` holds the shared timelines; `link_fabric` (the default) lives in one process,
+/// for the threads of the in-process transport. Ranks in separate processes (MPI ranks
+/// on one node) need a fabric they all see, e.g. one in shared memory (the benchmark's
+/// `bench/shm_fabric.hpp`). A fabric provides: `slot_ptr` (a handle testable as bool),
+/// `post(is_send, from, to, tag, bytes, now) -> slot_ptr`, `done(slot) ->
+/// optional<time_point>`, `finish(slot, cancelled)`, `unlimited()`, `size()`, and, for a
+/// waitable `Comm`, `next_deadline(rank, now)`; the semantics of `link_fabric`'s members.
+template <point_to_point_communicator Comm, class Clock = std::chrono::steady_clock, class Fabric = link_fabric<Clock>>
 class emulated_link {
  public:
   using inner_type = Comm;
-  using fabric_type = link_fabric<Clock>;
+  using fabric_type = Fabric;
   using time_point = typename Clock::time_point;
 
   struct request_type {
     typename Comm::request_type inner{};
-    std::shared_ptr<detail::link_slot<Clock>> slot;
+    typename Fabric::slot_ptr slot{};
     std::optional<std::size_t> got;  ///< the inner transport's completion, once seen
     bool reported = false;
   };
