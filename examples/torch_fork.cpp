@@ -8,8 +8,17 @@
 //
 //   torch_fork [--sources N] [--clones M] [--fork-at STEP] [--steps S] [--lr X] [--clone-lr X]
 //              [--optimizer sgd|adam|adamw] [--seed S]
+//   mpirun -np N+M torch_fork --mpi 1 [--sources N --clones M ...]   (built with Boost.MPI)
+// Under MPI every rank is a process: the clone sets verify_replicas, so it completes only if
+// every source's whole replica of iteration k equals what it received, and with the same
+// learning rate source rank 0 sends its loss curve to clone rank 0 to be compared bit for bit.
 #include <deepclone/deepclone.hpp>
 #include <deepclone/integrations/torch.hpp>
+#ifdef DEEPCLONE_TORCH_FORK_MPI
+#include <deepclone/integrations/boost_mpi.hpp>
+
+#include <boost/mpi.hpp>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -31,12 +40,13 @@ struct options {
   std::uint64_t fork_at = 5, steps = 20, seed = 7;
   double lr = 0.05, clone_lr = 0.01;
   std::string optimizer = "sgd";
+  bool mpi = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "torch_fork: %s\nusage: torch_fork [--sources N] [--clones M] [--fork-at STEP] [--steps S] [--lr X]\n"
-               "                  [--clone-lr X] [--optimizer sgd|adam|adamw] [--seed S]\n",
+               "                  [--clone-lr X] [--optimizer sgd|adam|adamw] [--seed S] [--mpi 1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -56,6 +66,7 @@ options parse(int argc, char** argv) {
       else if (a == "--lr") o.lr = std::stod(v);
       else if (a == "--clone-lr") o.clone_lr = std::stod(v);
       else if (a == "--optimizer") o.optimizer = v;
+      else if (a == "--mpi") o.mpi = v == "1";
       else usage("unknown option " + a);
     } catch (const std::logic_error&) {
       usage("bad value for " + a + ": '" + v + "'");
@@ -217,11 +228,85 @@ std::string first_difference(const snapshot& a, const snapshot& b) {
   return {};
 }
 
+#ifdef DEEPCLONE_TORCH_FORK_MPI
+/// The same fork with one process per rank, over Boost.MPI.
+int run_mpi(const options& o, int argc, char** argv) {
+  boost::mpi::environment env(argc, argv, boost::mpi::threading::funneled);
+  boost::mpi::communicator world;
+  if (world.size() != static_cast<int>(o.sources + o.clones)) {
+    if (world.rank() == 0) std::fprintf(stderr, "torch_fork: --mpi needs %u processes\n", o.sources + o.clones);
+    return 2;
+  }
+  deepclone::mpi::communicator comm(world);
+  using cloning = deepclone::engine<deepclone::mpi::communicator>;
+  const auto roles = deepclone::roles::contiguous(static_cast<int>(o.sources), static_cast<int>(o.clones));
+  const dataset data(o.seed);
+  const int rank = world.rank();
+  rank_trainer t(o, roles.source_index(rank) ? o.seed : o.seed + 1000 + static_cast<std::uint64_t>(rank));
+  std::vector<double> loss(o.steps, 0);
+  const bool same_lr = o.clone_lr == o.lr && o.clones == o.sources;
+  constexpr int tag_curve = 500;  // below the engine's tag_base (1000)
+  try {
+    if (auto i = roles.source_index(rank)) {
+      cloning::source src(comm, roles, t.ms->state());
+      for (std::uint64_t s = 0; s < o.steps; ++s) {
+        loss[s] = t.step(comm, roles.sources, data, src);
+        src.end_iteration(s);
+      }
+      src.finish();
+      if (*i == 0 && same_lr) world.send(roles.clones[0], tag_curve, loss.data(), static_cast<int>(loss.size()));
+      if (*i == 0) std::printf("torch_fork --mpi: source rank 0 trained %llu steps, final loss %.6f\n",
+                               static_cast<unsigned long long>(o.steps), loss.back());
+      return 0;
+    }
+    const auto j = *roles.clone_index(rank);
+    cloning::settings st;
+    st.verify_replicas = true;  // every source confirms its replica of k equals what arrived
+    cloning::clone dst(comm, roles, t.ms->state(), st);
+    dst.request();
+    dst.wait();
+    t.ms->restore();
+    const std::uint64_t k = *dst.fork_iteration();
+    t.next = k + 1;
+    t.ms->state().metadata().hyper["lr"] = o.clone_lr;
+    for (std::uint64_t s = k + 1; s < o.steps; ++s) loss[s] = t.step(comm, roles.clones, data, deepclone::libtorch::no_hooks{});
+    if (j != 0) return 0;
+    std::printf("torch_fork --mpi: clone rank %d forked at iteration %llu, verified against all %u source replicas "
+                "(parameters, BatchNorm buffers, %s state%s, metadata); final loss %.6f\n%s",
+                rank, static_cast<unsigned long long>(k), o.sources, t.ms->optimizer_name(),
+                o.optimizer == "sgd" ? "" : " and step counters", loss.back(),
+                deepclone::to_string(dst.report()).c_str());
+    if (!same_lr) return 0;
+    std::vector<double> theirs(o.steps);
+    world.recv(roles.sources[0], tag_curve, theirs.data(), static_cast<int>(theirs.size()));
+    for (std::uint64_t s = k + 1; s < o.steps; ++s)
+      if (std::memcmp(&theirs[s], &loss[s], sizeof(double)) != 0) {
+        std::printf("check: FAILED: same learning rate, yet the loss of step %llu differs: %.17g vs %.17g\n",
+                    static_cast<unsigned long long>(s), theirs[s], loss[s]);
+        return 1;
+      }
+    std::printf("check: same learning rate: the clone's loss curve (steps %llu-%llu) equals the sources' bit for bit\n",
+                static_cast<unsigned long long>(k + 1), static_cast<unsigned long long>(o.steps - 1));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "torch_fork --mpi: rank %d FAILED: %s\n", rank, e.what());
+    return 1;
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   at::set_num_threads(1);  // one intra-op thread per rank: ranks are threads already
+  if (o.mpi) {
+#ifdef DEEPCLONE_TORCH_FORK_MPI
+    return run_mpi(o, argc, argv);
+#else
+    usage("this build has no MPI (Boost.MPI was not found)");
+#endif
+  }
   using cloning = deepclone::engine<deepclone::inproc::communicator>;
   const auto roles = deepclone::roles::contiguous(static_cast<int>(o.sources), static_cast<int>(o.clones));
   const dataset data(o.seed);
