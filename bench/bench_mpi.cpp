@@ -1017,7 +1017,7 @@ int main(int argc, char** argv) {
   sc << "Full-scale " << cfg.model << " + momentum (" << f(model::total(p) / 1e9, 2) << " GB), 25 GB/s per node, 5 µs latency, "
      << f(p.iteration_s, 2) << " s iterations (measured), mix64 at " << f(chk / 1e9, 1) << " GB/s (measured), request half-way through an iteration, "
      << "parallel file system 650 GB/s aggregate. Readiness / source overhead in s.\n\n"
-     << "| N | M | bound | deepclone coordinator (lead 2, today) | deepclone collective (engine v2) | pipelined tree bcast (all ranks) | sharded stop-the-world | checkpoint to PFS |\n"
+     << "| N | M | bound | deepclone coordinator (lead 2, today) | deepclone collective (engine v2, model) | pipelined tree bcast (all ranks) | sharded stop-the-world | checkpoint to PFS |\n"
      << "|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   p.request_phase = 0.5;
   for (auto [n, m] : std::vector<std::pair<int, int>>{{1, 1}, {4, 2}, {16, 16}, {64, 64}, {256, 256}, {512, 512}, {1024, 1024}, {1024, 4}}) {

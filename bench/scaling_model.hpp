@@ -53,8 +53,12 @@ inline prediction deepclone(const params& p, const std::string& pipeline, const 
   double rate = std::min(senders * p.B_s / copies, p.B_c);
   // scatter_exchange forwards a layer once its owner holds it: a store-and-forward step of
   // one layer's share, which pipelining over layers hides except for the last layer.
-  const double lead = collective ? 1.0 : p.fork_lead;
-  const double to_k = (p.request_phase + lead - 1) * it;  // request -> iteration k starts
+  // Coordinator: the request is seen at the end of iteration j (request_phase of an
+  // iteration later), k = j + fork_lead starts fork_lead - 1 iterations after that.
+  // Collective (engine v2) in a trainer that allreduces its gradients before the updates
+  // (DDP order): the word rides on iteration j's allreduce, so k = j and the layers become
+  // final in j's update phase, the last update_fraction of the iteration.
+  const double to_k = collective ? (p.request_phase - 1) * it : (p.request_phase + p.fork_lead - 1) * it;
   const double bwd_start = to_k + p.fwd_fraction * (1 - p.update_fraction) * it;
   const double bwd_len = it - p.fwd_fraction * (1 - p.update_fraction) * it;
   prediction out;
@@ -63,7 +67,9 @@ inline prediction deepclone(const params& p, const std::string& pipeline, const 
   for (std::size_t i = 0; i < L; ++i) {  // backward order: last layer released first
     const std::size_t l = L - 1 - i;
     cum += p.layer_bytes[l];
-    release[l] = pipeline == "blocking" ? to_k + it : bwd_start + bwd_len * cum / S;
+    if (pipeline == "blocking") release[l] = to_k + it;
+    else if (collective) release[l] = std::max(0.0, to_k + it - p.update_fraction * it * (1 - cum / S));
+    else release[l] = bwd_start + bwd_len * cum / S;
   }
   double t = 0, stall = 0;
   const double chk = p.layer_bytes.empty() ? 0 : 1.0 / p.checksum_rate;
