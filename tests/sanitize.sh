@@ -22,24 +22,26 @@ if [[ $what == asan || $what == all ]]; then
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" >/dev/null
   units=(plan transport errors training failover link)
   [[ -f /usr/include/xxhash.h ]] && units+=(xxhash)
-  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.campaign "${units[@]/#/unit.}"
+  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.reuse fault.campaign "${units[@]/#/unit.}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   for t in "${units[@]}"; do run "$b/tests/unit/unit.$t"; done
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*silenced coordinator*'
   run "$b/tests/fault/fault.input" -tce='*64 MiB*'
+  run "$b/tests/fault/fault.reuse"
   run env DEEPCLONE_CAMPAIGN_SEEDS="$campaign_asan_seeds" DEEPCLONE_CAMPAIGN_TIMEOUT_MS=3000 "$b/tests/fault/fault.campaign"
 fi
 if [[ $what == tsan || $what == all ]]; then
   b=$root/build-tsan
   run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" >/dev/null
-  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.failover fault.matrix fault.campaign
+  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.failover fault.matrix fault.reuse fault.campaign
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   run "$b/tests/unit/unit.transport"
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/unit/unit.failover" -tc='*corrupted piece*,*verify_replicas: every*,*digest never*'
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*duplicate*,*silenced source*'
+  run "$b/tests/fault/fault.reuse" -tc='reuse:*,poll:*,hostile: oversized*'
   run env DEEPCLONE_CAMPAIGN_SEEDS="$campaign_tsan_seeds" DEEPCLONE_CAMPAIGN_TIMEOUT_MS=3000 "$b/tests/fault/fault.campaign"
 fi
 echo "sanitize: OK"

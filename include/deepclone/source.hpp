@@ -619,6 +619,7 @@ class source_engine {
         s.refetches_in[j].post(comm_, roles_.clones[j], base() + tag_refetch, control_bytes);
       }
       any |= serve_refetches(j);
+      if (!s_) return true;  // a resized tensor ended the session
     }
     if (any && s_) s_->last_progress = clock::now();
     return any;

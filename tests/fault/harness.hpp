@@ -263,24 +263,7 @@ inline run_result run(const options& o, std::shared_ptr<dc::fault::plan> faults)
   return out;
 }
 
-inline const char* errc_name(dc::errc e) {
-  switch (e) {
-    case dc::errc::invalid_argument: return "invalid_argument";
-    case dc::errc::hook_order: return "hook_order";
-    case dc::errc::busy: return "busy";
-    case dc::errc::layout_mismatch: return "layout_mismatch";
-    case dc::errc::plan_mismatch: return "plan_mismatch";
-    case dc::errc::timeout: return "timeout";
-    case dc::errc::corrupt_message: return "corrupt_message";
-    case dc::errc::fork_agreement: return "fork_agreement";
-    case dc::errc::source_failed: return "source_failed";
-    case dc::errc::cancelled: return "cancelled";
-    case dc::errc::not_ready: return "not_ready";
-    case dc::errc::unsupported: return "unsupported";
-    case dc::errc::transport: return "transport";
-  }
-  return "?";
-}
+using dc::errc_name;  // the library's stable names
 
 /// One clone rank's outcome as a word for the table.
 inline std::string outcome_of(const clone_result& c) {
