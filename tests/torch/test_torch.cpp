@@ -305,6 +305,43 @@ TEST_CASE("torch.module_state: user grouping and errors") {
   CHECK(e.second.find("SGD, Adam and AdamW") != std::string::npos);
 }
 
+// The rule behind the mirrors, checked by the engine itself (settings.check_writes): a
+// training-mode forward pass writes BatchNorm's live statistics between after_update of one
+// iteration and before_update of the next. Registered directly, they break the rule; as
+// mirrors (the default) they do not.
+TEST_CASE("torch.module_state: BatchNorm statistics are written only inside the hooks (check_writes)") {
+  using cloning = dc::engine<dc::inproc::communicator>;
+  auto train = [](bool mirror) -> std::optional<dc::errc> {
+    Net net = make_net(5);
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+    lt::options o;
+    o.mirror_buffers = mirror;
+    lt::module_state ms(*net, opt, o);
+    dc::inproc::world world(2);  // rank 1 would be a clone; none asks
+    auto comm = world.comm(0);
+    cloning::settings s;
+    s.check_writes = true;
+    cloning::source src(comm, dc::roles::contiguous(1, 1), ms.state(), s);
+    try {
+      for (std::uint64_t step = 0; step < 3; ++step) {
+        opt.zero_grad();
+        backward(net, static_cast<int>(step));
+        ms.update_all(src);
+        ms.state().metadata().step = step;
+        src.end_iteration(step);
+      }
+    } catch (const dc::error& e) {
+      CHECK(std::string(e.what()).find("bn.running_mean") != std::string::npos);
+      return static_cast<dc::errc>(e.code().value());
+    }
+    return std::nullopt;
+  };
+  CHECK(train(true) == std::nullopt);
+  auto e = train(false);
+  REQUIRE(e.has_value());
+  CHECK(*e == dc::errc::outside_hooks);
+}
+
 // The buffer pattern under a real fork: BatchNorm writes its running statistics in every
 // forward pass, i.e. while the window pipeline may still be sending the previous
 // iteration's bytes; the mirrors are written only inside update(l). 2 sources -> 1 clone.

@@ -188,8 +188,9 @@ struct options {
 };
 
 /// A `torch::nn::Module` and its optimizer as a deepclone state, layer by layer, with the
-/// per-layer update the source hooks wrap. Holds references to both: keep them alive and
-/// do not add parameters to either afterwards. Not copyable (the state points into it).
+/// per-layer update the source hooks wrap. Holds a reference to the optimizer and handles
+/// to the module's tensors: keep both alive, and add no parameters to either afterwards.
+/// Not copyable (the state points into it).
 class module_state {
  public:
   module_state(torch::nn::Module& model, torch::optim::Optimizer& opt, options o = {}) : opt_(opt) {
