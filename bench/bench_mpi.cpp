@@ -544,9 +544,15 @@ json compose(ctx& c, const strategy& s, const json& locals, double disk_w, doubl
       double e = d[x] - med;
       excess[rel] = excess.count(rel) ? std::max(excess[rel], e) : e;
     }
-    if (i == 0)
-      for (std::size_t x = 0; x < te.size(); ++x)
-        if (te[x] > t_req) { boundary_after_req = te[x] - t_req; break; }
+    // The first iteration boundary after the request (the end of the iteration in which
+    // it arrived): where a stop-the-world peer starts; t_end of that iteration is taken
+    // after a peer's transfer, so peers use t_boundary.
+    if (i == 0) {
+      if (sj.contains("t_boundary")) boundary_after_req = num(sj, "t_boundary") - t_req;
+      else
+        for (std::size_t x = 0; x < te.size(); ++x)
+          if (te[x] > t_req) { boundary_after_req = te[x] - t_req; break; }
+    }
     // A stop-the-world peer stalls the ranks that transfer in iteration k and the others in
     // k + 1 (they wait for them in the next allreduce): iterations k and k + 1 minus two
     // normal ones, the worst source (the engine's figure for deepclone is defined alike).
@@ -898,8 +904,8 @@ int main(int argc, char** argv) {
   std::ostringstream table, breakdown;
   table << "| link | strategy | readiness s | × bound | overhead s | overhead % of it. | bytes / source MB | first layer s | predicted ready / overhead s | verified |\n"
         << "|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
-  breakdown << "| link | strategy | request → decision s | decision → first layer of k final s | k's updates s | k final → ready s | request → boundary s | transfer s | overhead by iteration (k−2 … k+4) s |\n"
-            << "|---|---|---:|---:|---:|---:|---:|---:|---|\n";
+  breakdown << "| link | strategy | request → decision s | decision → first layer of k final s | k's updates s | k final → ready s | request → boundary s | transfer s | checkpoint write / read s | overhead by iteration (k−2 … k+4) s |\n"
+            << "|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
   std::map<std::string, json> summary;
   for (auto& ln : links)
     for (auto& s : strategies) {
@@ -962,9 +968,28 @@ int main(int argc, char** argv) {
       for (auto& e : byit) bi += (bi.empty() ? "" : " · ") + (e["excess_s"].is_number() ? f(e["excess_s"].get<double>(), 2) : std::string("–"));
       breakdown << "| " << ln << " | " << s.name << " | " << b("request_to_decision_s") << " | " << b("decision_to_first_final_s") << " | "
                 << b("k_updates_s") << " | " << b("final_to_ready_s") << " | " << b("request_to_boundary_s") << " | " << b("transfer_s")
-                << " | " << bi << " |\n";
+                << " | " << (bdj.contains("write_s") ? b("write_s") + " / " + b("read_s") : std::string("–")) << " | " << bi << " |\n";
     }
   std::ofstream(cfg.out_dir + "/table.md") << table.str();
+  {  // the machine's load (/proc/loadavg: 1, 5, 15 min) at the start and end of each round
+    std::ostringstream rd;
+    rd << "| round | link | order starts with | load at start | load at end | finished at s |\n|---:|---|---|---|---|---:|\n";
+    for (int round = 0; round < cfg.rounds; ++round)
+      for (auto& ln : links) {
+        const json* first = nullptr;
+        const json* last = nullptr;
+        for (auto& r : all)
+          if (r["round"] == round && r["link"] == ln) {
+            if (!first) first = &r;
+            last = &r;
+          }
+        if (!first) continue;
+        auto la = [](const json& v) { return f(v[0].get<double>(), 2) + " " + f(v[1].get<double>(), 2) + " " + f(v[2].get<double>(), 2); };
+        rd << "| " << round << " | " << ln << " | " << (*first)["strategy"].get<std::string>() << " | " << la((*first)["loadavg_round_start"])
+           << " | " << la((*last)["loadavg"]) << " | " << f((*last)["elapsed_s"].get<double>(), 0) << " |\n";
+      }
+    std::ofstream(cfg.out_dir + "/rounds.md") << rd.str();
+  }
   std::ofstream(cfg.out_dir + "/breakdown.md") << breakdown.str();
 
   // ---------------------------------------------------------------- targets, from the medians

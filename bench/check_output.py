@@ -82,7 +82,7 @@ def check_mpi(out, rounds):
         assert s["readiness_s"]["min"] <= s["readiness_s"]["median"] <= s["readiness_s"]["max"]
     assert len(table_rows(os.path.join(out, "table.md"))) == len(summ)
     assert len(table_rows(os.path.join(out, "breakdown.md"))) == len(summ)
-    for f in ("scaling.md", "targets.md"):
+    for f in ("scaling.md", "targets.md", "rounds.md"):
         assert os.path.getsize(os.path.join(out, f)) > 0
     chart(out)
     print(f"ok: {len(rs)} runs, {len(summ)} strategies x links")
