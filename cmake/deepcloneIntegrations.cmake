@@ -89,12 +89,13 @@ else()
   message(STATUS "deepclone: no host Thrust found; the Thrust CPU tests are skipped")
 endif()
 
-# deepclone::cuda: the CUDA runtime (cudart) for integrations/cuda.hpp; with nvcc, the
-# CUDA Thrust of the toolkit too. The CUDA language (nvcc) is only enabled to build the
-# CUDA tests and example, and only when a CUDA compiler is found: without one, configuring
-# succeeds and says the CUDA parts are skipped.
+# deepclone::cuda: the CUDA runtime (cudart) for integrations/cuda.hpp. It exists whenever
+# the CUDA Toolkit is found, vendored or not: DEEPCLONE_CUDA only decides whether deepclone's
+# own CUDA tests and example are built, which needs a CUDA compiler (nvcc). Without one,
+# configuring succeeds and says the CUDA parts are skipped.
 option(DEEPCLONE_CUDA "Build deepclone's CUDA tests and example when a CUDA compiler is found" ${deepclone_IS_TOP_LEVEL})
 set(DEEPCLONE_HAVE_CUDA OFF)
+set(_deepclone_cuda_language OFF)
 if(DEEPCLONE_CUDA)
   include(CheckLanguage)
   check_language(CUDA)
@@ -107,16 +108,19 @@ if(DEEPCLONE_CUDA)
       set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     endif()
-    find_package(CUDAToolkit)
-    if(CUDAToolkit_FOUND)
-      add_library(deepclone_cuda INTERFACE)
-      add_library(deepclone::cuda ALIAS deepclone_cuda)
-      set_target_properties(deepclone_cuda PROPERTIES EXPORT_NAME cuda)
-      target_link_libraries(deepclone_cuda INTERFACE deepclone CUDA::cudart)
-      set(DEEPCLONE_HAVE_CUDA ON)
-      message(STATUS "deepclone: CUDA ${CMAKE_CUDA_COMPILER_VERSION} found; CUDA tests and example are built "
-                     "for architectures ${CMAKE_CUDA_ARCHITECTURES}")
-    endif()
+    set(_deepclone_cuda_language ON)
+  endif()
+endif()
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND)
+  add_library(deepclone_cuda INTERFACE)
+  add_library(deepclone::cuda ALIAS deepclone_cuda)
+  set_target_properties(deepclone_cuda PROPERTIES EXPORT_NAME cuda)
+  target_link_libraries(deepclone_cuda INTERFACE deepclone CUDA::cudart)
+  if(_deepclone_cuda_language)
+    set(DEEPCLONE_HAVE_CUDA ON)
+    message(STATUS "deepclone: CUDA ${CMAKE_CUDA_COMPILER_VERSION} found; CUDA tests and example are built "
+                   "for architectures ${CMAKE_CUDA_ARCHITECTURES}")
   endif()
 endif()
 if(NOT DEEPCLONE_HAVE_CUDA)
