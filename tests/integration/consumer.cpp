@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 int main() {
@@ -12,6 +13,7 @@ int main() {
   const auto roles = deepclone::roles::contiguous(n, m);
   deepclone::inproc::world world(n + m);
   std::atomic<int> bad{0};
+  std::atomic<int> requested{0};  // "the user forks now": the sources are still training then
   world.run([&](deepclone::inproc::communicator& comm) {
     std::vector<float> w(100000, 0.0f);
     deepclone::state<std::vector<float>> state;
@@ -24,10 +26,13 @@ int main() {
         src.after_update(0);
         deepclone::barrier(comm, roles.sources, 1);  // stands for the gradient allreduce
         src.end_iteration(step);
+        if (comm.rank() == 0 && step == 2)  // a loaded machine may start the clone threads late
+          while (requested.load() < m) std::this_thread::yield();
       }
     } else {
       cloning::clone dst(comm, roles, state);
       dst.request();
+      ++requested;
       dst.wait();
       const float expected = static_cast<float>(dst.metadata().step + 1);
       for (float x : w)
