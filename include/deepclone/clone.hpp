@@ -778,8 +778,8 @@ class clone_engine {
       statuses_[i] = *s;
       // A source that failed after the clone completed changes nothing: every byte is verified.
       if (s->code == 0 || phase_ == phase::complete) continue;
-      if (static_cast<errc>(s->code) == errc::cancelled)
-        fail(errc::cancelled, "clone rank " + std::to_string(roles_.clones[index_]) +
+      if (static_cast<errc>(s->code) == errc::cancelled)  // the whole group fails for the peer's reason
+        fail(s->cause ? static_cast<errc>(s->cause) : errc::cancelled, "clone rank " + std::to_string(roles_.clones[index_]) +
                                   ": the clone was given up by a peer clone rank (source " + std::to_string(i) + " reports: " + s->reason + ")");
       source_failed(i, s->reason, static_cast<errc>(s->code));
     }

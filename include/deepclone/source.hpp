@@ -655,9 +655,10 @@ class source_engine {
             fail_session(errc::source_failed, who + " presumed source " + std::to_string(index_) +
                                                   " failed (nothing arrived from it in time) and dropped it from session " + std::to_string(s.id));
           else
-            fail_session(errc::cancelled, who + " gave up session " + std::to_string(s.id) +
-                                              (code == errc::cancelled ? std::string(" (cancelled)")
-                                                                       : std::string(" (its error: ") + errc_name(code) + ")"));
+            fail_session(errc::cancelled,
+                         who + " gave up session " + std::to_string(s.id) +
+                             (code == errc::cancelled ? std::string(" (cancelled)") : std::string(" (its error: ") + errc_name(code) + ")"),
+                         m.code ? m.code : static_cast<std::uint32_t>(errc::cancelled));
           return true;
         }
         case from_clone::ack: {
@@ -786,12 +787,13 @@ class source_engine {
     end_session();
   }
 
-  void fail_session(errc code, const std::string& why) {
+  void fail_session(errc code, const std::string& why, std::uint32_t cause = 0) {
     if (!s_) return;
     status_msg m;
     m.session = s_->id;
     m.source_index = index_;
     m.code = static_cast<std::uint32_t>(code);
+    m.cause = cause;
     m.reason = why;
     for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
     drop_session(failure{code, why});

@@ -54,6 +54,7 @@
 #include <algorithm>
 #include <array>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdlib>
 #include <type_traits>
 #include <typeinfo>
@@ -982,7 +983,28 @@ TEST_CASE("fault: seeded campaign (random N, M, policies and faults, then a faul
   for (auto seed : seeds) {
     const auto cfg = make_config(seed);
     if (o.verbose) std::printf("%s\n", describe(cfg).c_str());
+    // A run that never ends (a wait that ignores its deadline) would otherwise be killed by
+    // CTest without a word: name the seed and stop.
+    std::mutex wd_mu;
+    std::condition_variable wd_cv;
+    bool wd_done = false;
+    std::thread watchdog([&] {
+      std::unique_lock lk(wd_mu);
+      if (!wd_cv.wait_for(lk, 4 * (10 * o.timeout + 3s) + 30s, [&] { return wd_done; })) {
+        std::printf("INVARIANT VIOLATED — replay: DEEPCLONE_CAMPAIGN_SEED=%llu tests/fault/fault.campaign\n%s\n"
+                    "  - the run did not end (a hang); stopping\n",
+                    static_cast<unsigned long long>(seed), describe(cfg).c_str());
+        std::fflush(stdout);
+        std::_Exit(3);
+      }
+    });
     auto r = run_config(cfg, o);
+    {
+      std::lock_guard lk(wd_mu);
+      wd_done = true;
+    }
+    wd_cv.notify_all();
+    watchdog.join();
     table.add(cfg, r);
     if (per_run_lines || !r.violations.empty()) {
       std::string firsts, retries;

@@ -141,6 +141,25 @@ void both_reconstructions(int n, int m) {
 
 using default_engine = engine_t<dc::pipeline::window, dc::reconstruct::scatter_exchange>;
 
+/// A source rank of a scenario: trains with `lo` until its sessions are done, then finishes.
+harness::source_result serve(dm::communicator& comm, const dc::roles& roles, const default_engine::settings& s,
+                             const harness::loop_options& lo) {
+  model md(harness::default_sizes());
+  default_engine::source<tensor_t> src(comm, roles, md.st, s);
+  auto r = harness::train(src, comm, roles, md, lo);
+  src.finish();
+  return r;
+}
+
+/// Every rank's (k, state fingerprint) must equal every other's.
+void expect_same_state(std::uint64_t k, std::uint64_t fp) {
+  auto all = harness::gather(MPI_COMM_WORLD, k, fp);
+  for (auto& p : all) {
+    CHECK(p.first == all[0].first);
+    CHECK(p.second == all[0].second);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("policies: every pipeline and reconstruction policy, sources [0,N) and clones [N,N+M) of the world") {
@@ -203,10 +222,7 @@ TEST_CASE("scenario: a clone whose layout differs gets layout_mismatch; the sour
   auto s = test_settings<default_engine>();
   std::uint64_t k = ~0ull, fp = 0;
   if (comm.rank() < n) {
-    model md(harness::default_sizes());
-    default_engine::source<tensor_t> src(comm, roles, md.st, s);
-    auto r = harness::train(src, comm, roles, md, {});
-    src.finish();
+    auto r = serve(comm, roles, s, {});
     CHECK(r.completed == 1);
     CHECK(r.failed == 0);
     REQUIRE(r.k.has_value());
@@ -236,11 +252,57 @@ TEST_CASE("scenario: a clone whose layout differs gets layout_mismatch; the sour
     k = dst.metadata().step;
     fp = good.fingerprint(k);
   }
-  auto all = harness::gather(MPI_COMM_WORLD, k, fp);
-  for (auto& p : all) {
-    CHECK(p.first == all[0].first);
-    CHECK(p.second == all[0].second);
+  expect_same_state(k, fp);
+}
+
+TEST_CASE("scenario: clones cancelled or destroyed mid-transfer leave nothing behind; the next requests succeed") {
+  // Four sessions on one communicator: cancelled, completed, engine destroyed, completed.
+  // Whatever the abandoned sessions left queued in MPI must not reach the later ones.
+  const int w = world_size();
+  REQUIRE(w >= 3);
+  const int m = 2, n = w - m;
+  fresh_comm fc;
+  dm::communicator comm(fc.c);
+  const auto roles = dc::roles::contiguous(n, m);
+  auto s = test_settings<default_engine>();
+  std::uint64_t k = ~0ull, fp = 0;
+  if (comm.rank() < n) {
+    harness::loop_options lo;
+    lo.sessions = 4;
+    lo.compute_per_layer = std::chrono::microseconds(500);
+    auto r = serve(comm, roles, s, lo);
+    CHECK(r.completed >= 2);
+    REQUIRE(r.k.has_value());
+    k = *r.k;
+    fp = r.fingerprint;
+  } else {
+    model md(harness::default_sizes());
+    auto abandon = [&](bool destroy) {
+      std::optional<default_engine::clone<tensor_t>> dst(std::in_place, comm, roles, md.st, s);
+      try {
+        dst->request();
+        dst->wait_layer(3);  // updated first: the other layers are still on their way
+        if (!destroy) dst->cancel();
+      } catch (const dc::error&) {  // the peer clone rank may have given up first
+      }
+      dst.reset();
+    };
+    auto complete = [&](default_engine::clone<tensor_t>& dst) {
+      dst.request();
+      dst.wait();
+      k = dst.metadata().step;
+      fp = md.fingerprint(k);
+    };
+    abandon(false);
+    {
+      default_engine::clone<tensor_t> dst(comm, roles, md.st, s);
+      complete(dst);
+    }
+    abandon(true);
+    default_engine::clone<tensor_t> dst(comm, roles, md.st, s);
+    complete(dst);
   }
+  expect_same_state(k, fp);
 }
 
 TEST_CASE("scenario: sources that finish their training loop while the clone is in flight complete it") {

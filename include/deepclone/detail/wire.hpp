@@ -256,11 +256,12 @@ struct status_msg {
   std::uint64_t bytes_sent = 0;
   double hook_s = 0, overhead_s = 0, normal_iteration_s = 0;
   std::uint32_t fork_iterations = 0;
+  std::uint32_t cause = 0;  ///< code != 0 because a clone rank gave up: that rank's own error code
   std::string reason;
   std::vector<std::byte> encode() const {
     writer w;
     w.u32(magic); w.u64(session); w.u32(source_index); w.u32(code); w.u64(bytes_sent);
-    w.f64(hook_s); w.f64(overhead_s); w.f64(normal_iteration_s); w.u32(fork_iterations);
+    w.f64(hook_s); w.f64(overhead_s); w.f64(normal_iteration_s); w.u32(fork_iterations); w.u32(cause);
     w.str(reason.substr(0, control_bytes / 2));
     return seal(w);
   }
@@ -269,7 +270,7 @@ struct status_msg {
     check_magic(r);
     status_msg m;
     m.session = r.u64(); m.source_index = r.u32(); m.code = r.u32(); m.bytes_sent = r.u64();
-    m.hook_s = r.f64(); m.overhead_s = r.f64(); m.normal_iteration_s = r.f64(); m.fork_iterations = r.u32();
+    m.hook_s = r.f64(); m.overhead_s = r.f64(); m.normal_iteration_s = r.f64(); m.fork_iterations = r.u32(); m.cause = r.u32();
     m.reason = r.str();
     r.expect_end();
     return m;
