@@ -56,7 +56,11 @@ concept ranked_communicator = requires(const C& c) {
 ///     adapter keeps such a request internally and keeps progressing it (see
 ///     boost_mpi.hpp's parked sends); the receiver may still get the message later, and
 ///     deepclone's receivers discard it by its session. The engines cancel sends only when
-///     a clone session failed or was withdrawn.
+///     a clone session failed or was withdrawn, and then keep the buffers of the sends they
+///     cancelled while pending alive to the end of the process (headers, control messages,
+///     metadata and a staged pipeline's ring of each failed session), unless the
+///     communicator declares `static constexpr bool withdraws_sends = true` (its `cancel`
+///     always withdraws a pending send, as inproc's does).
 ///  8. Failures are `deepclone::error`s (`errc::transport` for the transport,
 ///     `errc::invalid_argument` for a peer outside the communicator); the engines turn them
 ///     into a failed clone session, never into a hung one.

@@ -107,6 +107,9 @@ class communicator {
   int max_tag() const noexcept { return INT_MAX; }
 
   static constexpr std::size_t eager_limit = 4096;
+  /// `cancel` always withdraws a pending send: its buffer is free once `cancel` returns
+  /// (communicator contract, point 7).
+  static constexpr bool withdraws_sends = true;
 
   request_type isend(int dest, int tag, std::span<const std::byte> data) {
     check_peer(dest, "isend");

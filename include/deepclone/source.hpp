@@ -88,6 +88,7 @@ class source_engine {
       finish();
     } catch (...) {
     }
+    if (unwithdrawn_sends_) retained_buffers::get().keep(std::move(staging_));
   }
 
   /// Call right before layer `layer` is updated. With the window pipeline this is where
@@ -217,8 +218,7 @@ class source_engine {
     std::vector<std::vector<std::size_t>> layer_reqs;
     std::vector<bool> layer_sent;
     std::vector<std::byte> meta;       // encoded metadata of iteration k
-    std::vector<std::byte> staging;    // staged pipeline ring
-    std::span<std::byte> stage_mem;    // the ring's memory: `staging`, or the policy's
+    std::span<std::byte> stage_mem;    // the staged pipeline's ring: `staging_`, or the policy's
     struct slot { std::uint64_t off, len; std::vector<std::size_t> reqs; };
     std::deque<slot> ring;
     std::vector<inbox_slot<Comm>> cancels, acks_in, refetches_in;
@@ -435,8 +435,11 @@ class source_engine {
       auto n = static_cast<std::size_t>(std::max<std::uint64_t>(std::min(st_.pipeline.staging_bytes, plan_.bytes_of_source(index_)), 1));
       if constexpr (staging_provider<Pipeline>) s_->stage_mem = st_.pipeline.staging(n);
       else {
-        s_->staging.resize(n);
-        s_->stage_mem = s_->staging;
+        if (staging_.size() != n) {
+          if (unwithdrawn_sends_) retained_buffers::get().keep(std::move(staging_));
+          staging_.assign(n, std::byte{0});
+        }
+        s_->stage_mem = staging_;
       }
     }
     if (s_->digest)
@@ -806,7 +809,10 @@ class source_engine {
   }
 
   void end_session() {
-    s_->out.cancel_all(comm_);
+    if (s_->out.cancel_all(comm_)) {  // the transport may still read what zero-copy sends point at
+      unwithdrawn_sends_ = true;
+      retained_buffers::get().keep(std::move(s_->meta));
+    }
     // A receive may have matched a message of the next session meanwhile: keep it.
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       if (auto b = s_->cancels[j].withdraw(comm_)) take(from_clone::cancel, j, *b, false);
@@ -832,6 +838,11 @@ class source_engine {
   deepclone::layout layout_;
   deepclone::plan plan_;
   std::vector<std::uint64_t> updated_;  // generation in which each layer was last updated
+  /// The staged pipeline's ring, kept across sessions (allocated once). A send cancelled
+  /// while pending on a transport that may not withdraw it can still read it
+  /// (`unwithdrawn_sends_`): it then outlives the engine (`retained_buffers`).
+  std::vector<std::byte> staging_;
+  bool unwithdrawn_sends_ = false;
   std::vector<std::uint32_t> acks_needed_;  // clone ranks that receive something of each layer
   std::uint64_t generation_ = 1;
   long open_ = -1;

@@ -101,12 +101,30 @@ TEST_CASE("fault: late (delay beyond the timeout)") {
 TEST_CASE("fault: reorder") { matrix(kind::reorder, [](rule& r) { r.hold = 300ms; }); }
 TEST_CASE("fault: truncate") { matrix(kind::truncate); }
 
-TEST_CASE("fault: a corrupt data piece with no other source is detected, naming layer, tensor and bytes") {
+TEST_CASE("fault: a corrupt data piece with one source is fetched again from it, bitwise") {
+  // With N = 1 there is no other source; the clone asks the same source once more (over the
+  // refetch tags, which are not corrupted here) and completes with the state of iteration k.
   options o;
   o.n = 1;
   rule r{.action = kind::corrupt, .from = 0, .tag_lo = layer_tag(1, 0)};
   r.bytes = {0, 7, -1};
   auto res = one("corrupt-data-N1", r, o);
+  check_invariants(res);
+  for (auto& c : res.clones) CHECK_MESSAGE(c.completed, c.what);
+}
+
+TEST_CASE("fault: a data piece corrupt every time from the only source fails, naming layer, tensor and bytes") {
+  options o;
+  o.n = 1;
+  auto faults = std::make_shared<dc::fault::plan>();
+  for (int tag : {layer_tag(1, 0), block_tag(2)}) {  // the layer's data tag and the refetch data tag
+    rule r{.action = kind::corrupt, .from = 0, .tag_lo = tag};
+    r.times = 0;
+    r.bytes = {0, 7, -1};
+    faults->add(r);
+  }
+  auto res = run(o, faults);
+  table::get().add("corrupt-data-N1-always", res);
   check_invariants(res);
   bool named = false;
   for (auto& c : res.clones)

@@ -493,3 +493,42 @@ TEST_CASE("inproc: world::run rethrows the first exception of a rank") {
                        }),
                        "two", std::logic_error);
 }
+
+// ---------------------------------------------------------------------------------------
+// detail::outbox over a transport that cannot withdraw sends (Open MPI's ob1): the buffers
+// of owned sends must outlive a cancel, since the transport may still read them later.
+#include <deepclone/detail/outbox.hpp>
+
+namespace {
+/// Holds every send's span and "delivers" it whenever the test says so, like a parked MPI
+/// send whose receiver posts a matching receive after the sender gave up on it.
+struct uncancellable_sends {
+  struct request_type {
+    std::size_t id = 0;
+  };
+  std::vector<std::span<const std::byte>> sends;
+  request_type isend(int, int, std::span<const std::byte> data) {
+    sends.push_back(data);
+    return {sends.size() - 1};
+  }
+  std::optional<std::size_t> test(request_type&) { return std::nullopt; }  // never completes
+  void cancel(request_type&) {}                                           // cannot withdraw
+  std::vector<std::byte> deliver(std::size_t id) const { return {sends[id].begin(), sends[id].end()}; }
+};
+}  // namespace
+
+TEST_CASE("outbox: owned buffers of sends the transport could not withdraw stay valid after clear") {
+  uncancellable_sends c;
+  auto before = dc::detail::retained_send_bytes();
+  std::vector<std::byte> expect = pattern(300, 5);
+  {
+    dc::detail::outbox<uncancellable_sends> out;
+    out.send_owned(c, 1, 7, expect);
+    out.clear(c);
+    // Freshly allocated memory of the same size would reuse a freed buffer.
+    std::vector<std::vector<std::byte>> churn(64, std::vector<std::byte>(300, std::byte{0xEE}));
+    CHECK(c.deliver(0) == expect);  // ASan reports a use after free here if the buffer went
+  }
+  CHECK(c.deliver(0) == expect);
+  CHECK(dc::detail::retained_send_bytes() >= before + 300);
+}

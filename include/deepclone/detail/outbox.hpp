@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -21,6 +22,42 @@ using clock = std::chrono::steady_clock;
 inline double seconds_since(clock::time_point t0, clock::time_point t1 = clock::now()) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
+
+/// True for a transport whose `cancel` always withdraws a pending send, so that its buffer
+/// is free once `cancel` returns (the communicator declares `static constexpr bool
+/// withdraws_sends = true`, as inproc's does). Open MPI's ob1 never withdraws a send.
+template <class Comm>
+inline constexpr bool withdraws_sends = requires { requires Comm::withdraws_sends; };
+
+/// Buffers of sends that were cancelled while pending on a transport that may not withdraw
+/// them: the transport reads such a buffer whenever the receiver posts a matching receive,
+/// possibly after the engine that sent it is gone, so the buffer lives as long as the
+/// process. Only failed or withdrawn sessions leave any: their headers, control messages,
+/// metadata and (staged pipeline) staging ring.
+class retained_buffers {
+ public:
+  static retained_buffers& get() {
+    static retained_buffers r;
+    return r;
+  }
+  void keep(std::vector<std::byte>&& b) {
+    if (b.empty()) return;
+    std::lock_guard lock(m_);
+    bytes_ += b.size();
+    kept_.push_back(std::move(b));
+  }
+  std::size_t bytes() {
+    std::lock_guard lock(m_);
+    return bytes_;
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<std::vector<std::byte>> kept_;
+  std::size_t bytes_ = 0;
+};
+/// Bytes kept alive so far by `retained_buffers` (the cost of sends a transport could not withdraw).
+inline std::size_t retained_send_bytes() { return retained_buffers::get().bytes(); }
 
 template <class Comm>
 class outbox {
@@ -99,14 +136,27 @@ class outbox {
     return wait(c, all, timeout);
   }
 
-  /// Cancels every pending request; afterwards no buffer is touched any more.
-  void cancel_all(Comm& c) noexcept {
+  /// Cancels every pending request. Owned buffers of sends the transport may still read are
+  /// kept alive (`retained_buffers`); true if such a send was pending, so that the caller
+  /// keeps the buffers of its zero-copy sends alive too.
+  bool cancel_all(Comm& c) noexcept {
+    bool unwithdrawn = false;
     for (auto& e : entries_)
       if (!e.done) {
-        try { c.cancel(e.req); } catch (...) {}
+        std::optional<std::size_t> n;
+        try {
+          c.cancel(e.req);
+          n = c.test(e.req);  // the byte count if it completed after all, 0 if withdrawn
+        } catch (...) {
+        }
         e.done = true;
+        if (!withdraws_sends<Comm> && !(n && *n > 0)) {
+          unwithdrawn = true;
+          try { retained_buffers::get().keep(std::move(e.buffer)); } catch (...) {}  // bad_alloc: nothing better to do
+        }
       }
     pending_ = 0;
+    return unwithdrawn;
   }
   void clear(Comm& c) noexcept {
     cancel_all(c);
