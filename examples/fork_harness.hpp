@@ -147,6 +147,8 @@ fork_result run_fork(const fork_options& o, const typename Engine::settings& set
         const auto j = *roles.clone_index(rank);
         trainer t(o.cfg, start::empty);
         clone_t dst(comm, roles, t.state(), settings);
+        // A progress line for clones that take over a second ("clone rank 1: iteration 12: 3/5 layers, ...").
+        dst.on_progress(deepclone::progress_line("clone rank " + std::to_string(j)));
         await([&] { return source_progress.load() > o.fork_at; });
         auto c0 = std::chrono::steady_clock::now();
         dst.request();

@@ -321,6 +321,8 @@ int run(const options& o, std::uint32_t clones) {
   std::string report;
   {
     clone_t dst(comm, roles, t.state(), st);
+    // A progress line for clones that take over a second ("clone rank 4: iteration 12: 3/5 layers, ...").
+    dst.on_progress(deepclone::progress_line("clone rank " + std::to_string(rank)));
     recv_bytes(roles.sources.front(), tag_go);
     try {
       const auto c0 = std::chrono::steady_clock::now();

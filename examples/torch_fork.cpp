@@ -263,6 +263,8 @@ int run_mpi(const options& o, int argc, char** argv) {
     cloning::settings st;
     st.verify_replicas = true;  // every source confirms its replica of k equals what arrived
     cloning::clone dst(comm, roles, t.ms->state(), st);
+    // A progress line for clones that take over a second ("clone rank 4: iteration 12: 3/5 layers, ...").
+    dst.on_progress(deepclone::progress_line("clone rank " + std::to_string(rank)));
     dst.request();
     dst.wait();
     t.ms->restore();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
@@ -78,8 +79,17 @@ class clone_engine {
     rearm_deadlines();
     standby_s_ = 0;
     ready_at_.assign(layout_.layer_count(), std::nullopt);
+    told_.assign(layout_.layer_count(), 0);
+    told_complete_ = false;
     phase_ = phase::requested;
   }
+
+  /// Calls `f` from `wait`, `wait_layer` and `poll` as the clone progresses: once per layer
+  /// as it becomes ready, then once when the clone is complete (see `deepclone::progress`).
+  /// A progress line for clones that take long is its typical use. `f` runs on the thread
+  /// that waits, between rounds of progress; an exception it throws propagates out of that
+  /// call and leaves the clone in flight, as a timeout in the caller's own code would.
+  void on_progress(std::function<void(const deepclone::progress&)> f) { on_progress_ = std::move(f); }
 
   /// Makes progress without blocking; true once the whole state is verified and in place.
   /// Applies the same deadlines and failover as `wait()`, so a clone that only polls also
@@ -245,7 +255,10 @@ class clone_engine {
   /// for `poll()` and every wait): presumes silent sources failed after
   /// `settings.failover_after` and fails after `settings.timeout` without progress.
   void advance() {
-    if (guarded_progress()) rearm_deadlines();
+    if (guarded_progress()) {
+      rearm_deadlines();
+      report_progress();
+    }
     const auto now = clock::now();
     if (phase_ == phase::receiving && now >= stall_check_) {
       failover_stalled();
@@ -254,6 +267,36 @@ class clone_engine {
     if (now >= deadline_ && in_flight())
       fail(errc::timeout, "clone rank " + std::to_string(index_) + ": nothing arrived for " +
                               std::to_string(std::chrono::duration<double>(st_.timeout).count()) + " s; still missing: " + missing());
+  }
+
+  /// Hands the layers that became ready since the last call, in the order they did, and the
+  /// completion to the progress callback (each exactly once per session).
+  void report_progress() {
+    if (!on_progress_ || told_complete_) return;
+    std::vector<std::size_t> fresh;
+    for (std::size_t l = 0; l < ready_at_.size(); ++l)
+      if (ready_at_[l] && !told_[l]) fresh.push_back(l);
+    std::stable_sort(fresh.begin(), fresh.end(), [&](auto a, auto b) { return *ready_at_[a] < *ready_at_[b]; });
+    deepclone::progress p{.iteration = fork_iteration().value_or(0), .layer = std::nullopt, .layers_ready = 0,
+                          .layer_count = ready_at_.size(), .bytes_ready = 0, .bytes_total = layout_.total_bytes(),
+                          .seconds = 0, .complete = false};
+    for (std::size_t l = 0; l < ready_at_.size(); ++l)
+      if (told_[l]) ++p.layers_ready, p.bytes_ready += layout_.layer_bytes(l);
+    for (auto l : fresh) {
+      told_[l] = 1;
+      p.layer = l;
+      ++p.layers_ready;
+      p.bytes_ready += layout_.layer_bytes(l);
+      p.seconds = *ready_at_[l];
+      on_progress_(p);
+    }
+    if (phase_ == phase::complete) {
+      told_complete_ = true;
+      p.layer.reset();
+      p.seconds = readiness_s_;
+      p.complete = true;
+      on_progress_(p);
+    }
   }
 
   /// progress(), with any error the transport raises turned into a clean failure of the
@@ -704,6 +747,7 @@ class clone_engine {
     posted_.clear();
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t) posted_.push_back(state_.bytes(t));
     ready_at_.assign(L, std::nullopt);
+    told_.assign(L, 0);
     pending_.assign(L, 0);
     owned_pending_.assign(L, 0);
     fwd_posted_.assign(L, false);
@@ -949,6 +993,9 @@ class clone_engine {
   std::uint32_t refetches_ = 0;
   bool any_source_delivered_ = false;
   std::vector<std::optional<double>> ready_at_;
+  std::function<void(const deepclone::progress&)> on_progress_;
+  std::vector<char> told_;               // layers handed to on_progress_ this session
+  bool told_complete_ = false;
   std::vector<std::size_t> pending_, owned_pending_;
   std::vector<bool> fwd_posted_;
   std::vector<std::vector<std::size_t>> fwd_of_;

@@ -55,8 +55,10 @@ template <class Comm, class Shard = shard::split_even, class Pipeline = pipeline
           class Reconstruct = reconstruct::scatter_exchange, class Checksum = checksum::mix64>
 class engine {
   static_assert(point_to_point_communicator<Comm>,
-                "deepclone::engine: Comm must model point_to_point_communicator (rank, size, isend, irecv, test, "
-                "wait, cancel over std::byte spans); wrap your transport in an adapter (see inproc.hpp)");
+                "deepclone::engine: Comm must model point_to_point_communicator: rank(), size(), a movable and "
+                "default-constructible request_type, isend/irecv over std::byte spans returning it, "
+                "test(r) -> std::optional<std::size_t>, wait(r) -> std::size_t, cancel(r); the contract is in "
+                "communicator.hpp and docs/communicator.md, a minimal adapter in examples/own_communicator.cpp");
   static_assert(detail::sharding_policy<Shard>, "deepclone::engine: Shard must be a sharding policy (see shard.hpp)");
   static_assert(detail::reconstruction_policy<Reconstruct>,
                 "deepclone::engine: Reconstruct must be a reconstruction policy (see reconstruct.hpp)");

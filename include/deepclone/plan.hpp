@@ -132,9 +132,32 @@ class plan {
   std::vector<std::vector<std::uint32_t>> recv_by_clone_;
 };
 
+namespace detail {
+/// Every clone rank receives every piece exactly once, from a source or forwarded by a
+/// peer: covering each tensor once is not enough, since a reconstruction policy that
+/// sends a piece to one clone rank and forwards it to none leaves the others stale.
+inline void check_every_clone_receives_all(const plan& p, std::uint32_t clones, const std::string& policies) {
+  std::vector<std::uint32_t> got(p.pieces().size());
+  for (std::uint32_t c = 0; c < clones; ++c) {
+    std::fill(got.begin(), got.end(), 0);
+    for (auto g : p.received_by_clone(c))
+      for (auto pi : p.groups()[g].pieces) ++got[pi];
+    for (std::size_t pi = 0; pi < got.size(); ++pi) {
+      if (got[pi] == 1) continue;
+      const auto& q = p.pieces()[pi];
+      throw error(errc::invalid_argument,
+                  "policies " + policies + ": clone rank " + std::to_string(c) +
+                      (got[pi] ? " receives twice" : " never receives") + " bytes [" + std::to_string(q.offset) + ", " +
+                      std::to_string(q.offset + q.length) + ") of tensor '" + p.layout().tensor(q.tensor).name +
+                      "' (every clone rank must receive every byte exactly once, from a source or forwarded)");
+    }
+  }
+}
+}  // namespace detail
+
 /// Computes the plan. Deterministic: the same arguments give the same plan on every rank.
-/// Throws `errc::invalid_argument` for N or M of zero and when a policy's pieces do not
-/// cover every byte exactly once.
+/// Throws `errc::invalid_argument` for N or M of zero, when a policy's pieces do not cover
+/// every byte exactly once, and when some clone rank would not receive every byte exactly once.
 template <class Shard, class Reconstruct>
 plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, const Shard& shard,
                const Reconstruct& recon, const plan_options& opt, std::uint32_t checksum_id) {
@@ -219,6 +242,7 @@ plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, c
           if (c != q.owner) add(q.layer, true, q.owner, c, pi);
     }
   }
+  detail::check_every_clone_receives_all(p, clones, std::string(Shard::name) + "/" + Reconstruct::name);
   return p;
 }
 

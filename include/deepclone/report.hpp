@@ -4,9 +4,13 @@
 /// per-rank byte counts. Times are seconds.
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace deepclone {
@@ -27,6 +31,19 @@ struct clone_figures {
   int rank = -1;
   std::uint64_t bytes_from_sources = 0, bytes_from_clones = 0;
   double readiness_s = 0, standby_s = 0, first_layer_s = 0;
+};
+
+/// One step of a clone's progress, handed to the clone's progress callback
+/// (`clone::on_progress`): once per layer as it becomes verified and in place, in the order
+/// they do, then once when the whole state (tensors, metadata) is complete.
+struct progress {
+  std::uint64_t iteration = 0;           ///< k: the fork iteration being received
+  std::optional<std::size_t> layer;      ///< the layer that just became ready; none in the last call
+  std::size_t layers_ready = 0, layer_count = 0;
+  std::uint64_t bytes_ready = 0;         ///< tensor bytes of the ready layers
+  std::uint64_t bytes_total = 0;         ///< tensor bytes of the state
+  double seconds = 0;                    ///< since request()
+  bool complete = false;                 ///< the whole state is verified: the last call of the session
 };
 
 struct report {
@@ -65,6 +82,18 @@ struct report {
   }
 };
 
+namespace detail {
+/// Seconds as text; a figure that was never measured (NaN) reads "unmeasured", not "nan".
+inline std::string seconds_text(double s, int precision = 4) {
+  if (std::isnan(s)) return "unmeasured";
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(precision);
+  o << s << " s";
+  return o.str();
+}
+}  // namespace detail
+
 /// A plain-text rendering (integrations/fmt.hpp offers a formatter too).
 inline std::string to_string(const report& r) {
   std::ostringstream o;
@@ -78,12 +107,48 @@ inline std::string to_string(const report& r) {
     << (r.replicas_verified ? ", " + std::to_string(r.replicas_verified) + " replica(s) verified" : std::string()) << "\n";
   for (auto& s : r.sources)
     o << "  source rank " << s.rank << ": sent " << s.bytes_sent << " B, hooks " << s.hook_s << " s, overhead "
-      << s.overhead_s << " s over " << s.fork_iterations << " iteration(s) (normal iteration " << s.normal_iteration_s
-      << " s)" << (s.failed ? " [failed]" : "") << "\n";
+      << detail::seconds_text(s.overhead_s) << " over " << s.fork_iterations << " iteration(s) (normal iteration "
+      << detail::seconds_text(s.normal_iteration_s) << ")" << (s.failed ? " [failed]" : "") << "\n";
   for (auto& c : r.clones)
     o << "  clone rank " << c.rank << ": received " << c.bytes_from_sources << " B from sources + "
-      << c.bytes_from_clones << " B from clones, readiness " << c.readiness_s << " s, standby " << c.standby_s << " s\n";
+      << c.bytes_from_clones << " B from clones, readiness " << detail::seconds_text(c.readiness_s) << ", standby "
+      << detail::seconds_text(c.standby_s) << "\n";
   return o.str();
 }
+
+/// One line of a clone's progress: "iteration 12: 3/5 layers, 120.4 of 335.0 MB, 1.2 s".
+inline std::string to_string(const progress& p) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(1);
+  o << "iteration " << p.iteration << ": " << p.layers_ready << "/" << p.layer_count << " layers, "
+    << static_cast<double>(p.bytes_ready) / 1e6 << " of " << static_cast<double>(p.bytes_total) / 1e6 << " MB, "
+    << p.seconds << " s" << (p.complete ? ", complete" : "");
+  return o.str();
+}
+
+/// A progress callback (`clone::on_progress`) that prints a line for clones that take
+/// long: nothing during the first `after_s` seconds, then at most one line per `every_s`,
+/// and the completion line if it printed anything before. Quick clones stay silent.
+class progress_line {
+ public:
+  explicit progress_line(std::string label = "clone", std::FILE* out = stderr, double after_s = 1.0, double every_s = 0.5)
+      : label_(std::move(label)), out_(out), after_s_(after_s), every_s_(every_s) {}
+  void operator()(const progress& p) {
+    if (p.seconds < after_s_ && !printed_) return;
+    if (!p.complete && printed_ && p.seconds < last_ + every_s_) return;
+    if (p.complete && !printed_) return;
+    std::fprintf(out_, "%s: %s\n", label_.c_str(), to_string(p).c_str());
+    std::fflush(out_);
+    printed_ = !p.complete;  // the next session starts quiet again
+    last_ = p.seconds;
+  }
+
+ private:
+  std::string label_;
+  std::FILE* out_;
+  double after_s_, every_s_, last_ = 0;
+  bool printed_ = false;
+};
 
 }  // namespace deepclone

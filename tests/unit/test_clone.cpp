@@ -7,7 +7,11 @@
 
 #include <deepclone/deepclone.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <optional>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -251,10 +255,32 @@ TEST_CASE("a source engine serves a second clone after the first one") {
       CHECK(src.sessions_completed() == 2);
     } else {
       E::clone dst(c, roles, r.state, small_settings::make<E::settings>());
+      std::vector<dc::progress> seen;
+      dst.on_progress([&](const dc::progress& p) { seen.push_back(p); });
       for (int round = 0; round < 2; ++round) {
+        seen.clear();
         dst.request();
         dst.wait();
         ks.push_back(*dst.fork_iteration());
+        // The progress callback: each layer once, in the order they became ready, then the completion.
+        const std::size_t L = r.state.describe().layer_count();
+        REQUIRE(seen.size() == L + 1);
+        std::vector<int> layers_seen(L, 0);
+        for (std::size_t i = 0; i < L; ++i) {
+          REQUIRE(seen[i].layer.has_value());
+          ++layers_seen[*seen[i].layer];
+          CHECK(seen[i].layers_ready == i + 1);
+          CHECK(seen[i].iteration == ks.back());
+          CHECK_FALSE(seen[i].complete);
+          if (i) CHECK(seen[i].seconds >= seen[i - 1].seconds);
+          if (i) CHECK(seen[i].bytes_ready > seen[i - 1].bytes_ready);
+        }
+        CHECK(std::all_of(layers_seen.begin(), layers_seen.end(), [](int x) { return x == 1; }));
+        CHECK(seen.back().complete);
+        CHECK_FALSE(seen.back().layer.has_value());
+        CHECK(seen.back().bytes_ready == seen.back().bytes_total);
+        CHECK(seen.back().bytes_total == r.state.describe().total_bytes());
+        CHECK(seen.back().seconds == doctest::Approx(dst.report().readiness_s));
         replica want;
         want.become(ks.back());
         CHECK(r.bytes() == want.bytes());
@@ -264,4 +290,57 @@ TEST_CASE("a source engine serves a second clone after the first one") {
   });
   REQUIRE(ks.size() == 2);
   CHECK(ks[1] > ks[0]);
+}
+
+namespace {
+std::string printed_by(dc::progress_line& line, const std::vector<dc::progress>& events, std::FILE* f) {
+  for (auto& p : events) line(p);
+  std::fflush(f);
+  std::rewind(f);
+  std::string text;
+  for (int ch; (ch = std::fgetc(f)) != EOF;) text += static_cast<char>(ch);
+  return text;
+}
+dc::progress at(double s, std::size_t ready, bool complete = false) {
+  dc::progress p;
+  p.iteration = 7;
+  p.layer = complete ? std::nullopt : std::optional<std::size_t>(ready - 1);
+  p.layers_ready = ready;
+  p.layer_count = 4;
+  p.bytes_ready = ready * 1'000'000;
+  p.bytes_total = 4'000'000;
+  p.seconds = s;
+  p.complete = complete;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("progress_line: silent for a quick clone, one line per interval and the completion for a slow one") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  dc::progress_line quick("clone", f);
+  CHECK(printed_by(quick, {at(0.1, 1), at(0.2, 2), at(0.3, 3), at(0.4, 4), at(0.5, 4, true)}, f).empty());
+  std::fclose(f);
+
+  f = std::tmpfile();
+  REQUIRE(f);
+  dc::progress_line slow("clone rank 0", f, 1.0, 0.5);
+  auto text = printed_by(slow, {at(0.5, 1), at(1.2, 2), at(1.4, 3), at(1.8, 4), at(1.9, 4, true)}, f);
+  std::fclose(f);
+  CHECK(text ==
+        "clone rank 0: iteration 7: 2/4 layers, 2.0 of 4.0 MB, 1.2 s\n"
+        "clone rank 0: iteration 7: 4/4 layers, 4.0 of 4.0 MB, 1.8 s\n"
+        "clone rank 0: iteration 7: 4/4 layers, 4.0 of 4.0 MB, 1.9 s, complete\n");
+}
+
+TEST_CASE("to_string(report): figures never measured read 'unmeasured', not nan") {
+  dc::report r;
+  r.sources.push_back({.rank = 0, .bytes_sent = 10, .hook_s = 0.5, .overhead_s = NAN, .normal_iteration_s = NAN,
+                       .fork_iterations = 1, .failed = true});
+  r.clones.push_back({.rank = 2, .bytes_from_sources = 10, .bytes_from_clones = 0, .readiness_s = NAN, .standby_s = 0.25,
+                      .first_layer_s = 0});
+  auto text = dc::to_string(r);
+  CHECK(text.find("nan") == std::string::npos);
+  CHECK(text.find("overhead unmeasured over 1 iteration(s) (normal iteration unmeasured) [failed]") != std::string::npos);
+  CHECK(text.find("readiness unmeasured, standby 0.2500 s") != std::string::npos);
 }

@@ -503,6 +503,38 @@ TEST_CASE("plan: invalid arguments") {
   }
 }
 
+namespace {
+/// A user-written reconstruction policy with a bug: each piece goes to one clone rank
+/// (round robin) and nobody forwards it, so the other clone ranks would keep stale bytes.
+struct owner_only {
+  static constexpr std::uint32_t id = 90;
+  static constexpr const char* name = "owner_only";
+  static constexpr bool exchanges = false;
+  std::uint64_t param() const { return 0; }
+  std::vector<dc::piece> assign_owners(std::vector<dc::piece> pieces, const dc::layout&, std::uint32_t m, std::uint64_t) const {
+    for (std::size_t i = 0; i < pieces.size(); ++i) pieces[i].owner = static_cast<std::uint32_t>(i % m);
+    return pieces;
+  }
+};
+}  // namespace
+
+TEST_CASE("plan: a reconstruction that leaves a clone rank without some bytes is refused, naming rank and bytes") {
+  const auto lay = dc::testing::load_model(DEEPCLONE_MODELS_DIR, "resnet50");
+  // One clone rank: every piece reaches it, the plan is fine.
+  CHECK_NOTHROW(dc::make_plan(lay, 2, 1, dc::shard::split_even{}, owner_only{}));
+  try {
+    dc::make_plan(lay, 2, 3, dc::shard::split_even{}, owner_only{});
+    FAIL("a plan that leaves clone ranks stale was accepted");
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::invalid_argument);
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("owner_only") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("clone rank") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("never receives") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("bytes [") != std::string::npos, what);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // granule and split_range
 
