@@ -421,6 +421,7 @@ int main(int argc, char** argv) {
     // The model has no term for the replica digests: the verified run is predicted as the
     // plain one, so the difference shows their cost.
     if (r.strategy == "deepclone" || r.strategy == "deepclone+verify") pr = model::deepclone(p, r.pipeline, r.reconstruction);
+    else if (r.strategy == "deepclone+collective") pr = model::deepclone(p, r.pipeline, r.reconstruction, false, true);
     else if (r.strategy == "root_broadcast") pr = model::deepclone(p, "blocking", "direct", true);
     else pr = model::checkpoint(p, r.strategy == "checkpoint_deepfreeze");
     r.predicted_readiness_s = pr.readiness_s;
@@ -436,10 +437,14 @@ int main(int argc, char** argv) {
   for (auto p : {"window", "staged", "blocking"})
     for (auto r : {"scatter_exchange", "direct"}) strategies.push_back({"deepclone", p, r});
   strategies.push_back({"deepclone+verify", "window", "scatter_exchange"});
-  if (cfg.quick) strategies = {{"checkpoint", "", ""}, {"root_broadcast", "", ""}, {"deepclone", "window", "scatter_exchange"}, {"deepclone", "staged", "direct"}};
+  strategies.push_back({"deepclone+collective", "window", "scatter_exchange"});
+  if (cfg.quick)
+    strategies = {{"checkpoint", "", ""}, {"root_broadcast", "", ""}, {"deepclone", "window", "scatter_exchange"},
+                  {"deepclone", "staged", "direct"}, {"deepclone+collective", "window", "scatter_exchange"}};
   auto run_one = [&](context& cx, const strat& s) {
     if (s.kind == "deepclone") return run_deepclone(cx, s.pipeline, s.recon);
     if (s.kind == "deepclone+verify") return run_deepclone_verified(cx);
+    if (s.kind == "deepclone+collective") return run_deepclone_collective(cx);
     if (s.kind == "root_broadcast") return run_root_broadcast(cx);
     return run_checkpoint(cx, s.kind == "checkpoint_deepfreeze");
   };

@@ -93,6 +93,9 @@ inline double peak_rss() {
 record run_deepclone(context& c, const std::string& pipeline, const std::string& reconstruction);
 /// deepclone window/scatter_exchange with settings.verify_replicas (the cost of the digests).
 record run_deepclone_verified(context& c);
+/// deepclone window/scatter_exchange with agreement::collective (the fork word rides on the
+/// sources' per-iteration allreduce).
+record run_deepclone_collective(context& c);
 record run_root_broadcast(context& c);
 record run_checkpoint(context& c, bool sharded);
 

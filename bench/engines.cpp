@@ -43,6 +43,21 @@ record run_engine(context& c, typename Engine::settings settings, const std::str
               sh.have_first_final = true;
             }
           }
+          // agreement::collective: the fork word rides on the trainer's per-iteration allreduce
+          // (flags[0]), which this trainer runs after its updates, before end_iteration.
+          void contribute(std::span<double> f) {
+            if constexpr (Engine::agreement_type::trainer_collective) f[0] = static_cast<double>(src.fork_word());
+          }
+          void learn(std::span<double> f) {
+            if constexpr (Engine::agreement_type::trainer_collective) {
+              const bool was = src.cloning();
+              src.fork_agreed(static_cast<std::uint64_t>(f[0]));
+              if (first && !was && !sh.have_first_final && src.fork_iteration() == tr.step) {  // k's layers are final now
+                sh.t_first_final = clock::now();
+                sh.have_first_final = true;
+              }
+            }
+          }
           void end_iteration(std::uint64_t s) {
             if (first && src.fork_iteration() == s) {
               std::lock_guard lk(sh.m);
@@ -118,9 +133,9 @@ record run_engine(context& c, typename Engine::settings settings, const std::str
   return out;
 }
 
-template <class P, class R>
+template <class P, class R, class A = deepclone::agreement::coordinator>
 record run_policy(context& c, const std::string& name, bool verify_replicas = false) {
-  using E = deepclone::engine<link, deepclone::shard::split_even, P, R>;
+  using E = deepclone::engine<link, deepclone::shard::split_even, P, R, deepclone::checksum::mix64, A>;
   typename E::settings s;
   s.timeout = std::chrono::seconds(120);
   s.verify_replicas = verify_replicas;
@@ -143,6 +158,11 @@ record run_deepclone(context& c, const std::string& p, const std::string& r) {
 
 record run_deepclone_verified(context& c) {
   return run_policy<deepclone::pipeline::window, deepclone::reconstruct::scatter_exchange>(c, "deepclone+verify", true);
+}
+
+record run_deepclone_collective(context& c) {
+  return run_policy<deepclone::pipeline::window, deepclone::reconstruct::scatter_exchange, deepclone::agreement::collective>(
+      c, "deepclone+collective");
 }
 
 record run_root_broadcast(context& c) {

@@ -3,6 +3,7 @@
 /// The whole core: standard library only. Optional integrations live under
 /// `deepclone/integrations/` and are opted into by including them.
 
+#include "agreement.hpp"
 #include "checksum.hpp"
 #include "clone.hpp"
 #include "collectives.hpp"

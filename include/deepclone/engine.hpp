@@ -1,6 +1,6 @@
 #pragma once
 /// \file engine.hpp
-/// `engine<Comm, Shard, Pipeline, Reconstruct, Checksum>` binds the compile-time policies
+/// `engine<Comm, Shard, Pipeline, Reconstruct, Checksum, Agreement>` binds the compile-time policies
 /// to a communicator type and gives the two roles: `engine<...>::source<T>` (hooks in the
 /// trainer of a source rank) and `engine<...>::clone<T>` (on a clone rank).
 ///
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 
+#include "agreement.hpp"
 #include "checksum.hpp"
 #include "clone.hpp"
 #include "communicator.hpp"
@@ -45,6 +46,11 @@ concept pipeline_policy = requires {
   { P::name } -> std::convertible_to<const char*>;
 };
 template <class P>
+concept agreement_policy = requires {
+  { P::name } -> std::convertible_to<const char*>;
+  { P::trainer_collective } -> std::convertible_to<bool>;
+};
+template <class P>
 concept checksum_policy = requires(std::span<const std::byte> b) {
   { P::id } -> std::convertible_to<std::uint32_t>;
   { P::compute(b) } -> std::same_as<std::uint64_t>;
@@ -52,7 +58,8 @@ concept checksum_policy = requires(std::span<const std::byte> b) {
 }  // namespace detail
 
 template <class Comm, class Shard = shard::split_even, class Pipeline = pipeline::window,
-          class Reconstruct = reconstruct::scatter_exchange, class Checksum = checksum::mix64>
+          class Reconstruct = reconstruct::scatter_exchange, class Checksum = checksum::mix64,
+          class Agreement = agreement::coordinator>
 class engine {
   static_assert(point_to_point_communicator<Comm>,
                 "deepclone::engine: Comm must model point_to_point_communicator: rank(), size(), a movable and "
@@ -64,6 +71,9 @@ class engine {
                 "deepclone::engine: Reconstruct must be a reconstruction policy (see reconstruct.hpp)");
   static_assert(detail::pipeline_policy<Pipeline>, "deepclone::engine: Pipeline must be a pipeline policy (see pipeline.hpp)");
   static_assert(detail::checksum_policy<Checksum>, "deepclone::engine: Checksum must be a checksum policy (see checksum.hpp)");
+  static_assert(detail::agreement_policy<Agreement>,
+                "deepclone::engine: Agreement must be an agreement policy: a type with `static constexpr const char* "
+                "name` and `static constexpr bool trainer_collective` (see agreement.hpp)");
 
  public:
   using comm_type = Comm;
@@ -71,6 +81,7 @@ class engine {
   using pipeline_type = Pipeline;
   using reconstruct_type = Reconstruct;
   using checksum_type = Checksum;
+  using agreement_type = Agreement;
 
   /// Run-time settings: the policies' values plus engine-wide knobs. Sources and clones
   /// must use equal plan-relevant settings; a difference is refused with `plan_mismatch`.
@@ -85,7 +96,7 @@ class engine {
     /// presumes the silent ones failed and asks the others for their pieces. Keep it above
     /// a few iterations' time and below `timeout`.
     std::chrono::nanoseconds failover_after = std::chrono::seconds(10);
-    /// The coordinator forks at (iteration in which it saw every clone request) + fork_lead.
+    /// agreement::coordinator: the coordinator forks at (iteration in which it saw every clone request) + fork_lead.
     /// Other sources must learn the decision before iteration k starts, so this is the
     /// tolerated skew between sources, in iterations.
     std::uint64_t fork_lead = 2;
@@ -155,7 +166,9 @@ class engine {
   }
 
   static std::string describe(const settings&) {
-    return std::string(Shard::name) + "/" + Pipeline::name + "/" + Reconstruct::name + "/" + Checksum::name;
+    std::string d = std::string(Shard::name) + "/" + Pipeline::name + "/" + Reconstruct::name + "/" + Checksum::name;
+    if constexpr (Agreement::trainer_collective) d += std::string("/") + Agreement::name;
+    return d;
   }
 };
 

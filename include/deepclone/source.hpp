@@ -48,9 +48,12 @@ class source_engine {
   using Comm = typename Engine::comm_type;
   using Pipeline = typename Engine::pipeline_type;
   using Checksum = typename Engine::checksum_type;
+  using Agreement = typename Engine::agreement_type;
   using settings_t = typename Engine::settings;
 
  public:
+  using agreement_type = Agreement;
+
   /// Registers this rank as a source of `state`. The state must not change shape while
   /// the source exists. Throws `errc::invalid_argument` if this rank is not a source in
   /// `r`, or for invalid roles.
@@ -142,7 +145,7 @@ class source_engine {
     if (s_ && step == s_->k) {
       for (std::size_t l = 0; l < layout_.layer_count() && s_; ++l)
         if (!s_->layer_sent[l]) send_layer(l);  // blocking: all; others: layers not updated in k
-      if (s_ && index_ == 0) send_metadata();
+      if (s_ && index_ == 0) send_metadata(state_.metadata());
       if (s_ && Pipeline::value == pipeline::kind::blocking)
         settle([&] { return delivered(); }, "the blocking transfer was not delivered and verified within the timeout");
     }
@@ -167,12 +170,44 @@ class source_engine {
     trailing_.compact();
   }
 
+  /// agreement::collective, first call: this source's word for the trainer's collective (a
+  /// sum over the sources; see agreement.hpp). 1 on the coordinator when it holds every
+  /// clone rank's accepted request, +2 on a source still serving a clone, else 0. The
+  /// sources fork when the sum is exactly 1: the coordinator is ready and no source is busy.
+  std::uint64_t fork_word() {
+    static_assert(Agreement::trainer_collective,
+                  "fork_word() belongs to agreement::collective; this engine forks with agreement::coordinator");
+    hook_timer t(*this);
+    check_outside_update("fork_word()");
+    const bool ready = index_ == 0 && !s_ && !finished_ && fork_meta_ && last_step_ && fork_meta_->step == *last_step_;
+    word_ = (ready ? 1u : 0u) + (s_ ? 2u : 0u);
+    return word_;
+  }
+  /// agreement::collective, second call: `sum` is the sum of every source's fork_word() of
+  /// this iteration, the same on every source. When it is 1 the session starts here, at
+  /// the newest iteration whose layers are all untouched, and its final layers leave at once.
+  void fork_agreed(std::uint64_t sum) {
+    static_assert(Agreement::trainer_collective,
+                  "fork_agreed() belongs to agreement::collective; this engine forks with agreement::coordinator");
+    hook_timer t(*this);
+    check_outside_update("fork_agreed()");
+    const auto given = std::exchange(word_, 0);
+    if (sum < given || (index_ == 0 && (sum & 1) != (given & 1)))
+      throw error(errc::invalid_argument, "fork_agreed(" + std::to_string(sum) + ") on source " + std::to_string(index_) +
+                                              ", whose fork_word() was " + std::to_string(given) +
+                                              ": pass the sum of every source's fork_word() of this iteration");
+    if (sum != 1 || s_ || finished_) return;
+    if (index_ == 0) fork_now();
+    else join_fork();
+    if (s_) send_final_layers();
+  }
+
   /// Ends this source's participation: an in-flight transfer is completed (or fails with
   /// a status the clone sees), control receives are withdrawn. Called by the destructor.
   void finish() {
     if (finished_) return;
     finished_ = true;
-    if (!s_ && index_ != 0 && decision_.posted()) {
+    if (!s_ && index_ != 0 && !Agreement::trainer_collective && decision_.posted()) {
       if (auto b = decision_.test(comm_)) {  // a decision that raced with the end of training
         try {
           auto d = decision_msg::decode(*b);
@@ -273,6 +308,7 @@ class source_engine {
 
   void handle_control(std::uint64_t step) {
     if (index_ != 0) {
+      if constexpr (Agreement::trainer_collective) return;  // fork_agreed() takes the decision
       auto b = decision_.test(comm_);
       if (!b) return;
       std::optional<decision_msg> d;
@@ -285,45 +321,137 @@ class source_engine {
         return;
       }
       if (d->iteration <= step) {
-        // Too late to serve iteration k: tell the clone, which fails cleanly.
-        remember(d->session);
-        status_msg m;
-        m.session = d->session;
-        m.source_index = index_;
-        m.code = static_cast<std::uint32_t>(errc::fork_agreement);
-        m.reason = "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
-                   ") received the decision to fork at iteration " + std::to_string(d->iteration) +
-                   " only at the end of iteration " + std::to_string(step) + "; raise settings.fork_lead";
-        for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
-        last_error_ = failure{errc::fork_agreement, m.reason};
-        ++failed_;
-        post_control();
+        refuse_late_decision(*d, "only at the end of iteration " + std::to_string(step) + "; raise settings.fork_lead");
         return;
       }
       start_session(*d);
       return;
     }
     take_requests();
-    if (!std::all_of(got_.begin(), got_.end(), [](auto& g) { return g.has_value(); })) return;
+    if (!accepted_requests()) return;
+    if constexpr (Agreement::trainer_collective) {
+      fork_meta_ = state_.metadata();  // the metadata of this iteration, should the next collective fork at it
+      fork_meta_->step = step;
+    } else {
+      fork_at(step + st_.fork_lead);
+    }
+  }
+
+  /// Coordinator: true when every clone rank's request is in hand and matches this
+  /// source's layout and plan; a mismatch is refused (every clone rank is told).
+  bool accepted_requests() {
+    if (!std::all_of(got_.begin(), got_.end(), [](auto& g) { return g.has_value(); })) return false;
     decision_msg d;
     d.key = plan_.key();
-    std::uint32_t offender = 0;
-    for (std::uint32_t j = 0; j < got_.size() && d.status == verdict::accepted; ++j) {
-      if (got_[j]->layout_fingerprint != layout_.fingerprint()) d.status = verdict::layout_differs, offender = j;
-      else if (!(got_[j]->key == plan_.key())) d.status = verdict::plan_differs, offender = j;
+    for (std::uint32_t j = 0; j < got_.size(); ++j) {
+      if (got_[j]->layout_fingerprint != layout_.fingerprint()) d.status = verdict::layout_differs;
+      else if (!(got_[j]->key == plan_.key())) d.status = verdict::plan_differs;
+      else continue;
+      refuse(d, j);
+      return false;
     }
-    if (d.status != verdict::accepted) {
-      refuse(d, offender);
-      return;
-    }
+    return true;
+  }
+
+  /// Coordinator: decides to fork at iteration `k` and tells the other sources and every clone rank.
+  void fork_at(std::uint64_t k) {
+    decision_msg d;
+    d.key = plan_.key();
     d.session = session_base_ + ++served_;
     d.epoch = static_cast<std::uint32_t>((served_ - 1) % epochs_);
-    d.iteration = step + st_.fork_lead;
+    d.iteration = k;
     for (auto& g : got_) d.flags |= g->flags;
     for (std::uint32_t i = 1; i < roles_.source_count(); ++i)
       trailing_.send_owned(comm_, roles_.sources[i], base() + tag_decision, d.encode());
     answer_clones(d);
     start_session(d);
+  }
+
+  /// A decision this source can no longer serve (iteration k is past): the clone ranks are
+  /// told, and fail cleanly.
+  void refuse_late_decision(const decision_msg& d, const std::string& when) {
+    remember(d.session);
+    status_msg m;
+    m.session = d.session;
+    m.source_index = index_;
+    m.code = static_cast<std::uint32_t>(errc::fork_agreement);
+    m.reason = "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
+               ") received the decision to fork at iteration " + std::to_string(d.iteration) + " " + when;
+    for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
+    last_error_ = failure{errc::fork_agreement, m.reason};
+    ++failed_;
+    post_control();
+  }
+
+  // ---- agreement::collective ----
+
+  void check_outside_update(const char* call) const {
+    if (open_ >= 0)
+      throw error(errc::hook_order, std::string(call) + " while layer " + std::to_string(open_) +
+                                        " is being updated: call it outside a layer's before_update/after_update");
+  }
+  /// The newest iteration whose layers are all untouched: the one that ended last, unless
+  /// a layer was already updated in the one in progress.
+  std::uint64_t untouched_iteration() const {
+    for (auto u : updated_)
+      if (u == generation_) return *last_step_ + 1;
+    return *last_step_;
+  }
+  /// Coordinator: every source agreed (sum 1); fork at the newest untouched iteration.
+  void fork_now() {
+    const auto k = untouched_iteration();
+    if (k == *last_step_) meta_to_send_ = fork_meta_;
+    fork_meta_.reset();
+    fork_at(k);
+  }
+  /// Other sources: the coordinator's decision follows the collective at once; wait for
+  /// it (at most settings.failover_after: the clone fails over if it never comes).
+  void join_fork() {
+    auto d = await_decision();
+    if (!d) {
+      last_error_ = failure{errc::timeout, "source " + std::to_string(index_) + ": the collective agreed to fork, but the "
+                                           "coordinator's decision did not arrive within settings.failover_after"};
+      ++failed_;
+      return;
+    }
+    const bool servable = d->iteration == *last_step_ + 1 || (d->iteration == *last_step_ && untouched_iteration() == *last_step_);
+    if (!servable) {
+      refuse_late_decision(*d, "after the collective of iteration " + std::to_string(*last_step_ + 1) +
+                                   ", when its layers were no longer untouched here (the sources' hooks differ)");
+      return;
+    }
+    start_session(*d);
+  }
+  std::optional<decision_msg> await_decision() {
+    idler<Comm> idle(comm_);
+    const auto deadline = clock::now() + st_.failover_after;
+    for (;;) {
+      idle.mark();
+      if (auto b = decision_.test(comm_)) {
+        std::optional<decision_msg> d;
+        try {
+          d = decision_msg::decode(*b);
+        } catch (const error&) {  // a peer's garbage: wait for the real decision
+        }
+        post_control();
+        if (d && d->status == verdict::accepted && !seen(d->session)) return d;
+        continue;
+      }
+      if (clock::now() >= deadline) return std::nullopt;
+      idle.idle(deadline);
+    }
+  }
+  /// A session agreed in the collective: the layers already final in k leave at once
+  /// (every layer when k is the iteration that ended last), with k's metadata then.
+  void send_final_layers() {
+    const bool ended = s_->k == *last_step_;
+    if (Pipeline::value == pipeline::kind::blocking && !ended) return;  // it sends everything at end_iteration(k)
+    for (std::size_t l = 0; l < layout_.layer_count() && s_; ++l)
+      if (!s_->layer_sent[l] && (ended || updated_[l] == generation_)) send_layer(l);
+    if (!s_ || !ended) return;
+    if (index_ == 0) send_metadata(*std::exchange(meta_to_send_, std::nullopt));
+    if (s_ && Pipeline::value == pipeline::kind::blocking)
+      settle([&] { return delivered(); }, "the blocking transfer was not delivered and verified within the timeout");
   }
 
   /// Coordinator: takes every request (or withdrawal) that arrived; the newest request of
@@ -583,9 +711,9 @@ class source_engine {
     }
   }
 
-  void send_metadata() {
+  /// Sends `m`, the metadata of iteration k, to every clone rank.
+  void send_metadata(metadata m) {
     auto& s = *s_;
-    metadata m = state_.metadata();
     m.step = s.k;
     s.meta = m.encode();
     meta_header h{s.id, s.k, s.meta.size(), Checksum::compute(s.meta)};
@@ -872,6 +1000,10 @@ class source_engine {
                                 static_cast<std::uint64_t>(clock::now().time_since_epoch().count() & 0xffff0000);
   std::optional<failure> last_error_;
   bool finished_ = false;
+  // agreement::collective
+  std::uint64_t word_ = 0;                   // this iteration's fork_word()
+  std::optional<metadata> fork_meta_;        // coordinator: metadata of the iteration whose end saw every request
+  std::optional<metadata> meta_to_send_;     // coordinator: ... of the session's k, when k had ended at the fork
 };
 
 }  // namespace deepclone::detail

@@ -185,6 +185,16 @@ TEST_CASE("policies: verify_replicas, every source confirms the received state w
   fork_and_check<engine_t<dc::pipeline::blocking, dc::reconstruct::direct>>(w - m, m, {}, co);
 }
 
+TEST_CASE("policies: agreement::collective, the fork word fused into the sources' gradient allreduce") {
+  const int w = world_size();
+  const int m = w >= 3 ? 2 : 1;
+  using collective = dc::agreement::collective;
+  fork_and_check<dc::engine<dm::communicator, dc::shard::split_even, dc::pipeline::window, dc::reconstruct::scatter_exchange,
+                            dc::checksum::mix64, collective>>(w - m, m);
+  fork_and_check<dc::engine<dm::communicator, dc::shard::split_even, dc::pipeline::staged, dc::reconstruct::direct,
+                            dc::checksum::mix64, collective>>(w - m, m);
+}
+
 TEST_CASE("policies: split MPI messages (max_message_bytes below the piece size) keep every byte in place") {
   const int w = world_size();
   const int m = w >= 3 ? 2 : 1;

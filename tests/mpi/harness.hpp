@@ -126,10 +126,20 @@ source_result train(Source& src, Comm& comm, const dc::roles& roles, model& md, 
     bool done = src.sessions_completed() + src.sessions_failed() >= o.sessions;
     if (o.stop_after_fork) done = r.k && step > *r.k;
     if (o.stop_on_decision) done = src.cloning();
+    constexpr bool collective = Source::agreement_type::trainer_collective;
     std::vector<double> g{contribution(me, step), done ? 1.0 : 0.0};
+    if constexpr (collective) g.push_back(static_cast<double>(src.fork_word()));  // fused into the gradient allreduce
     dc::allreduce_sum(comm, std::span<const int>(roles.sources), std::span<double>(g), 10);
     const bool stop = o.stop_on_decision ? g[1] > 0 : g[1] == static_cast<double>(roles.source_count());
     if (stop || step >= o.max_steps) break;
+    if constexpr (collective) {
+      src.fork_agreed(static_cast<std::uint64_t>(g[2]));
+      // Forked at the collective before any update of `step`: k is step - 1, untouched until now.
+      if (auto k = src.fork_iteration(); k && *k + 1 == step && !r.k) {
+        r.k = k;
+        if (o.fingerprint) r.fingerprint = md.fingerprint(*k);
+      }
+    }
     if (o.delay) std::this_thread::sleep_for(o.delay(me, step));
     for (std::size_t l = md.w.size(); l-- > 0;) {
       busy(o.compute_per_layer);
