@@ -106,6 +106,8 @@ void source_loop(ctx& c, source_side& side, clock::time_point origin, json& out)
     void before_update(std::size_t l) { s.before_update(l); }
     void after_update(std::size_t l) { s.after_update(l); }
     void end_iteration(std::uint64_t k) { s.end_iteration(k); }
+    void contribute(std::span<double> f) { s.contribute(f); }
+    void learn(std::span<double> f) { s.learn(f); }
   } hooks{side};
   const bool zero = c.rank == 0;
   std::vector<std::byte> reqbuf(static_cast<std::size_t>(c.M)), donebuf(static_cast<std::size_t>(c.M));
@@ -120,7 +122,7 @@ void source_loop(ctx& c, source_side& side, clock::time_point origin, json& out)
   // The per-iteration allreduce, after the updates, as a trainer's gradient allreduce.
   // Source 0 looks for the clones' requests and completions right before it (a real
   // trainer would check its request queue there): [0] fork request seen (peers),
-  // [1] every clone done, [2] reserved for an agreement word (engine v2).
+  // [1] every clone done, [2] agreement::collective's fork word.
   auto allreduce = [&](std::span<double> f) {
     if (zero) {
       bool all = side.wants_boundary() && !forked;
@@ -484,7 +486,7 @@ model::prediction predict(const strategy& s, const model::params& p0) {
   auto p = p0;
   if (s.kind == "deepclone") {
     p.fork_lead = s.agreement == "coordinator1" ? 1 : 2;
-    return model::deepclone(p, s.pipeline, s.reconstruction);
+    return model::deepclone(p, s.pipeline, s.reconstruction, false, s.agreement == "collective");
   }
   if (s.kind == "bcast_clones") return model::broadcast(p, 1 + p.M);
   if (s.kind == "bcast_all") return model::broadcast(p, p.N + p.M);
@@ -839,7 +841,7 @@ int main(int argc, char** argv) {
   for (auto p : {"window", "staged", "blocking"})
     for (auto r : {"scatter_exchange", "direct"})
       strategies.push_back({std::string("deepclone/") + p + "/" + r + "/coordinator", "deepclone", p, r, "coordinator"});
-  // engine v2: strategies.push_back({"deepclone/window/scatter_exchange/collective", "deepclone", "window", "scatter_exchange", "collective"});
+  strategies.push_back({"deepclone/window/scatter_exchange/collective", "deepclone", "window", "scatter_exchange", "collective"});
   if (cfg.quick) {
     std::vector<strategy> q;
     for (auto& s : strategies)

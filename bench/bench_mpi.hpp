@@ -79,6 +79,9 @@ struct source_side {
   virtual void before_update(std::size_t) {}
   virtual void after_update(std::size_t) {}
   virtual void end_iteration(std::uint64_t) {}
+  /// Around the per-iteration allreduce (agreement::collective puts its word in flags[2]).
+  virtual void contribute(std::span<double>) {}
+  virtual void learn(std::span<double>) {}
   /// Called on every source right after the iteration in whose allreduce the fork request
   /// was seen (stop-the-world peers transfer here; deepclone does nothing).
   virtual void at_boundary(std::uint64_t /*k*/) {}

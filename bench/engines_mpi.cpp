@@ -1,8 +1,7 @@
 // deepclone's strategies in the MPI benchmark: every pipeline x reconstruction policy over
 // comm_t (the Boost.MPI adapter, through emulated_link), and every agreement policy the
-// engine has. Today that is the coordinator protocol (settings.fork_lead); engine v2's
-// agreement::collective becomes one more line in `run_deepclone_mpi` (its word rides on
-// the trainer's allreduce through the hooks' contribute/learn, see bench_common.hpp).
+// engine has: the coordinator protocol (settings.fork_lead 2, or 1) and agreement::collective,
+// whose word rides on the trainer's allreduce (flags[2]) through the hooks' contribute/learn.
 // Kept in its own translation unit: each engine instantiation costs ~15 s of compile.
 #include "bench_mpi.hpp"
 
@@ -33,6 +32,20 @@ json run_engine(ctx& c, typename Engine::settings settings, clock::time_point or
           auto t = since(origin, clock::now());
           if (!first_seen) out["t_first_final"] = t, first_seen = true;
           if (l == 0) out["t_last_final"] = t;  // the last update of iteration k (backward order)
+        }
+      }
+      void contribute(std::span<double> f) override {
+        if constexpr (Engine::agreement_type::trainer_collective) f[2] = static_cast<double>(src.fork_word());
+      }
+      void learn(std::span<double> f) override {
+        if constexpr (Engine::agreement_type::trainer_collective) {
+          const bool was = src.cloning();
+          src.fork_agreed(static_cast<std::uint64_t>(f[2]));
+          if (!was && src.fork_iteration() == current) {  // k is this iteration, whose updates are all done
+            auto t = since(origin, clock::now());
+            out["t_first_final"] = t, first_seen = true;
+            out["t_last_final"] = t;
+          }
         }
       }
       void end_iteration(std::uint64_t s) override {
@@ -67,9 +80,9 @@ json run_engine(ctx& c, typename Engine::settings settings, clock::time_point or
   return mine;
 }
 
-template <class P, class R>
+template <class P, class R, class A = deepclone::agreement::coordinator>
 json run_policy(ctx& c, clock::time_point origin, std::uint64_t fork_lead) {
-  using E = deepclone::engine<comm_t, deepclone::shard::split_even, P, R>;
+  using E = deepclone::engine<comm_t, deepclone::shard::split_even, P, R, deepclone::checksum::mix64, A>;
   typename E::settings s;
   s.timeout = std::chrono::seconds(120);
   s.fork_lead = fork_lead;
@@ -82,7 +95,13 @@ json run_deepclone_mpi(ctx& c, const std::string& p, const std::string& r, const
   namespace pl = deepclone::pipeline;
   namespace rc = deepclone::reconstruct;
   // Agreement policies: the coordinator protocol with its fork_lead ("coordinator" = the
-  // default lead 2, "coordinator1" = lead 1). agreement::collective goes here when the engine has it.
+  // default lead 2, "coordinator1" = lead 1) and agreement::collective (default policies only:
+  // each engine instantiation costs ~15 s of compile).
+  if (agreement == "collective") {
+    if (p == "window" && r == "scatter_exchange")
+      return run_policy<pl::window, rc::scatter_exchange, deepclone::agreement::collective>(c, origin, 2);
+    throw std::invalid_argument("agreement::collective is benchmarked with window/scatter_exchange only");
+  }
   std::uint64_t lead = 2;
   if (agreement == "coordinator1") lead = 1;
   else if (agreement != "coordinator") throw std::invalid_argument("agreement policy " + agreement + " is not in this engine");

@@ -165,6 +165,8 @@ class source_engine {
     if (s_) expired("no clone rank received or acknowledged anything (a clone rank may have vanished); the session was dropped");
     t.flush();
     if (s_ && step >= s_->k && delivered()) complete_session();
+    if constexpr (Agreement::trainer_collective)  // should the next collective fork at this iteration,
+      if (index_ == 0) fork_meta_ = state_.metadata(), fork_meta_->step = step;  // its metadata as it is now
     if (!s_) handle_control(step);
     trailing_.poll(comm_);
     trailing_.compact();
@@ -172,14 +174,19 @@ class source_engine {
 
   /// agreement::collective, first call: this source's word for the trainer's collective (a
   /// sum over the sources; see agreement.hpp). 1 on the coordinator when it holds every
-  /// clone rank's accepted request, +2 on a source still serving a clone, else 0. The
+  /// clone rank's accepted request (it takes them here, and refuses mismatched ones), +2 on
+  /// a source still serving a clone, else 0. The
   /// sources fork when the sum is exactly 1: the coordinator is ready and no source is busy.
   std::uint64_t fork_word() {
     static_assert(Agreement::trainer_collective,
                   "fork_word() belongs to agreement::collective; this engine forks with agreement::coordinator");
     hook_timer t(*this);
     check_outside_update("fork_word()");
-    const bool ready = index_ == 0 && !s_ && !finished_ && fork_meta_ && last_step_ && fork_meta_->step == *last_step_;
+    bool ready = false;
+    if (index_ == 0 && !s_ && !finished_ && last_step_) {
+      take_requests();  // a request that arrived during this iteration counts at once
+      ready = accepted_requests();
+    }
     word_ = (ready ? 1u : 0u) + (s_ ? 2u : 0u);
     return word_;
   }
@@ -327,14 +334,9 @@ class source_engine {
       start_session(*d);
       return;
     }
+    if constexpr (Agreement::trainer_collective) return;  // requests are taken in fork_word()
     take_requests();
-    if (!accepted_requests()) return;
-    if constexpr (Agreement::trainer_collective) {
-      fork_meta_ = state_.metadata();  // the metadata of this iteration, should the next collective fork at it
-      fork_meta_->step = step;
-    } else {
-      fork_at(step + st_.fork_lead);
-    }
+    if (accepted_requests()) fork_at(step + st_.fork_lead);
   }
 
   /// Coordinator: true when every clone rank's request is in hand and matches this
@@ -400,8 +402,7 @@ class source_engine {
   /// Coordinator: every source agreed (sum 1); fork at the newest untouched iteration.
   void fork_now() {
     const auto k = untouched_iteration();
-    if (k == *last_step_) meta_to_send_ = fork_meta_;
-    fork_meta_.reset();
+    if (k == *last_step_) meta_to_send_ = fork_meta_;  // taken at end_iteration(k)
     fork_at(k);
   }
   /// Other sources: the coordinator's decision follows the collective at once; wait for
@@ -1002,7 +1003,7 @@ class source_engine {
   bool finished_ = false;
   // agreement::collective
   std::uint64_t word_ = 0;                   // this iteration's fork_word()
-  std::optional<metadata> fork_meta_;        // coordinator: metadata of the iteration whose end saw every request
+  std::optional<metadata> fork_meta_;        // coordinator: metadata as of the last end_iteration
   std::optional<metadata> meta_to_send_;     // coordinator: ... of the session's k, when k had ended at the fork
 };
 
