@@ -255,10 +255,8 @@ class clone_engine {
   /// for `poll()` and every wait): presumes silent sources failed after
   /// `settings.failover_after` and fails after `settings.timeout` without progress.
   void advance() {
-    if (guarded_progress()) {
-      rearm_deadlines();
-      report_progress();
-    }
+    if (guarded_progress()) rearm_deadlines();
+    report_progress();  // also when completion came in a round that received nothing new (a digest check)
     const auto now = clock::now();
     if (phase_ == phase::receiving && now >= stall_check_) {
       failover_stalled();
