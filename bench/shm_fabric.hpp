@@ -120,6 +120,10 @@ class shm_fabric {
     lock l(h_);
     auto& x = slot_[p.idx];
     if (x.gen != p.gen) return;
+    if (!cancelled && !x.matched) {  // an eager send the transport completed: done for its owner, but on
+      x.orphan = 1;                  // the model's wire it waits in its queue for the receive (freed then)
+      return;
+    }
     if (cancelled) {
       if (!x.matched) {
         unlink(find_key(x.from, x.to, x.tag), x.is_send ? 0 : 1, p.idx);
@@ -156,7 +160,7 @@ class shm_fabric {
   struct slot {
     std::uint32_t gen, next, partner, partner_gen;
     std::int32_t from, to, tag;
-    std::uint8_t is_send, matched, pad[2];
+    std::uint8_t is_send, matched, orphan, pad;
     std::uint64_t bytes;
     std::int64_t done_ns;
   };
@@ -254,6 +258,8 @@ class shm_fabric {
     }
     s.done_ns = r.done_ns = end + h_->latency_ns;
     s.matched = r.matched = 1;
+    if (s.orphan) release(send);  // its owner finished it before the match (eager): the slot is free now
+    if (r.orphan) release(recv);
   }
 
   int ranks_;

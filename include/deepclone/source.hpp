@@ -423,6 +423,8 @@ class source_engine {
     }
     start_session(*d);
   }
+  /// The decision for the fork agreed now; a late decision of an earlier fork (one this
+  /// source gave up waiting for) is skipped.
   std::optional<decision_msg> await_decision() {
     idler<Comm> idle(comm_);
     const auto deadline = clock::now() + st_.failover_after;
@@ -435,7 +437,9 @@ class source_engine {
         } catch (const error&) {  // a peer's garbage: wait for the real decision
         }
         post_control();
-        if (d && d->status == verdict::accepted && !seen(d->session)) return d;
+        if (!d || d->status != verdict::accepted || seen(d->session)) continue;
+        if (d->iteration >= *last_step_) return d;
+        remember(d->session);  // a decision of an earlier fork that came after this source gave up on it
         continue;
       }
       if (clock::now() >= deadline) return std::nullopt;
