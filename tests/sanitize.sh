@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sanitizer builds of the tests (CI runs this after tests/run_all.sh): the unit tests and the
 # in-process fault tests with AddressSanitizer + UndefinedBehaviorSanitizer, the in-process
-# tests (unit.transport, unit.clone, unit.failover, fault.matrix, fault.campaign) with ThreadSanitizer.
+# tests (unit.transport, unit.clone, unit.agreement, unit.failover, fault.matrix, fault.campaign) with ThreadSanitizer.
 # unit.clone, unit.failover and fault.matrix run subsets of their cases (doctest filters), and
 # fault.campaign a few seeds (CAMPAIGN_ASAN_SEEDS, CAMPAIGN_TSAN_SEEDS; engine timeout 3 s), to
 # keep the whole script near 20 minutes on 2 cores; the builds take most of it.
@@ -20,7 +20,7 @@ if [[ $what == asan || $what == all ]]; then
   b=$root/build-asan
   run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" >/dev/null
-  units=(plan transport errors training failover link)
+  units=(plan transport agreement errors training failover link)
   [[ -f /usr/include/xxhash.h ]] && units+=(xxhash)
   run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.reuse fault.campaign "${units[@]/#/unit.}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -35,9 +35,10 @@ if [[ $what == tsan || $what == all ]]; then
   b=$root/build-tsan
   run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" >/dev/null
-  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.failover fault.matrix fault.reuse fault.campaign
+  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.agreement unit.failover fault.matrix fault.reuse fault.campaign
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   run "$b/tests/unit/unit.transport"
+  run "$b/tests/unit/unit.agreement"
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/unit/unit.failover" -tc='*corrupted piece*,*verify_replicas: every*,*digest never*'
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*duplicate*,*silenced source*'
