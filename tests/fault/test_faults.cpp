@@ -184,14 +184,19 @@ TEST_CASE("fault: a silenced coordinator: the clone times out waiting for the de
   }
 }
 
-TEST_CASE("fault: a silenced clone rank: every clone rank fails in bounded time") {
+TEST_CASE("fault: a silenced clone rank: every clone rank ends in bounded time, none with wrong bytes") {
   for (std::uint64_t after : {0, 2}) {
+    CAPTURE(after);
     auto faults = std::make_shared<dc::fault::plan>();
     faults->silence(3, after);
     auto res = run({}, faults);
     table::get().add("silence-clone", res);
-    check_invariants(res);
-    CHECK_FALSE(res.clones[1].completed);
+    check_invariants(res);  // bounded time; a clone rank that completed holds iteration k bitwise
+    // Silenced from the start, its request never reaches the coordinator: nobody forks.
+    // Silenced later, it may still receive everything and complete (its own sends only
+    // vanish), depending on timing: no outcome is asserted then beyond the invariants.
+    if (after == 0)
+      for (auto& c : res.clones) CHECK_FALSE(c.completed);
   }
 }
 

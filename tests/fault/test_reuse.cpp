@@ -367,7 +367,10 @@ TEST_CASE("hostile: a flipped length in the metadata header is a clean error, an
     return clone_once(dst, mdl);
   });
   check_world(r);
-  CHECK(r.failed[0] >= 1);
+  // Source 0 served both sessions. It counts the corrupted one as failed (the clone's
+  // cancel), or as completed when the clone had acknowledged every layer before it read
+  // the metadata header (the source's part was delivered); which, depends on timing.
+  CHECK(r.completed[0] + r.failed[0] >= 2);
 }
 
 TEST_CASE("hostile: a flipped layout length in a refusal allocates nothing large") {
