@@ -80,7 +80,9 @@ class clone_engine {
     standby_s_ = 0;
     ready_at_.assign(layout_.layer_count(), std::nullopt);
     told_.assign(layout_.layer_count(), 0);
-    told_complete_ = false;
+    told_progress_ = {};
+    told_progress_.layer_count = layout_.layer_count();
+    told_progress_.bytes_total = layout_.total_bytes();
     phase_ = phase::requested;
   }
 
@@ -270,16 +272,13 @@ class clone_engine {
   /// Hands the layers that became ready since the last call, in the order they did, and the
   /// completion to the progress callback (each exactly once per session).
   void report_progress() {
-    if (!on_progress_ || told_complete_) return;
+    auto& p = told_progress_;  // running totals of what the callback was told this session
+    if (!on_progress_ || p.complete) return;
     std::vector<std::size_t> fresh;
     for (std::size_t l = 0; l < ready_at_.size(); ++l)
       if (ready_at_[l] && !told_[l]) fresh.push_back(l);
     std::stable_sort(fresh.begin(), fresh.end(), [&](auto a, auto b) { return *ready_at_[a] < *ready_at_[b]; });
-    deepclone::progress p{.iteration = fork_iteration().value_or(0), .layer = std::nullopt, .layers_ready = 0,
-                          .layer_count = ready_at_.size(), .bytes_ready = 0, .bytes_total = layout_.total_bytes(),
-                          .seconds = 0, .complete = false};
-    for (std::size_t l = 0; l < ready_at_.size(); ++l)
-      if (told_[l]) ++p.layers_ready, p.bytes_ready += layout_.layer_bytes(l);
+    p.iteration = fork_iteration().value_or(0);
     for (auto l : fresh) {
       told_[l] = 1;
       p.layer = l;
@@ -289,7 +288,6 @@ class clone_engine {
       on_progress_(p);
     }
     if (phase_ == phase::complete) {
-      told_complete_ = true;
       p.layer.reset();
       p.seconds = readiness_s_;
       p.complete = true;
@@ -993,7 +991,7 @@ class clone_engine {
   std::vector<std::optional<double>> ready_at_;
   std::function<void(const deepclone::progress&)> on_progress_;
   std::vector<char> told_;               // layers handed to on_progress_ this session
-  bool told_complete_ = false;
+  deepclone::progress told_progress_;    // ... and the totals of what it was told
   std::vector<std::size_t> pending_, owned_pending_;
   std::vector<bool> fwd_posted_;
   std::vector<std::vector<std::size_t>> fwd_of_;
