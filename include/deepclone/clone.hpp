@@ -809,6 +809,16 @@ class clone_engine {
     return std::nullopt;
   }
 
+  /// A peer clone rank gave up: the whole group fails for its reason. After a peer's timeout
+  /// this rank says what it still misses too, since the peer's own list did not travel.
+  [[noreturn]] void fail_with_peer(std::uint32_t source, const status_msg& s) {
+    const auto cause = s.cause ? static_cast<errc>(s.cause) : errc::cancelled;
+    std::string what = "clone rank " + std::to_string(roles_.clones[index_]) + ": the clone was given up by a peer clone rank (source " +
+                       std::to_string(source) + " reports: " + s.reason + ")";
+    if (cause == errc::timeout) what += "; still missing here: " + missing();
+    fail(cause, what);
+  }
+
   bool poll_statuses() {
     bool any = false;
     for (std::uint32_t i = 0; i < status_slots_.size(); ++i) {
@@ -819,8 +829,7 @@ class clone_engine {
       // A source that failed after the clone completed changes nothing: every byte is verified.
       if (s->code == 0 || phase_ == phase::complete) continue;
       if (static_cast<errc>(s->code) == errc::cancelled)  // the whole group fails for the peer's reason
-        fail(s->cause ? static_cast<errc>(s->cause) : errc::cancelled, "clone rank " + std::to_string(roles_.clones[index_]) +
-                                  ": the clone was given up by a peer clone rank (source " + std::to_string(i) + " reports: " + s->reason + ")");
+        fail_with_peer(i, *s);
       source_failed(i, s->reason, static_cast<errc>(s->code));
     }
     for (std::uint32_t i = 0; i < digest_slots_.size(); ++i) {

@@ -165,6 +165,7 @@ TEST_CASE("fault: a silenced source makes the clone fail with a timeout naming i
     check_invariants(res);
     if (after == 0) {
       for (auto& c : res.clones) {
+        INFO("what: [" << c.what << "]");
         CHECK(c.code == dc::errc::timeout);
         CHECK(contains(c.what, "source rank 1"));
       }
