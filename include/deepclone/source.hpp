@@ -10,6 +10,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -91,7 +92,10 @@ class source_engine {
       finish();
     } catch (...) {
     }
-    if (unwithdrawn_sends_) retained_buffers::get().keep(std::move(staging_));
+    if (unwithdrawn_sends_) {
+      retained_buffers::get().keep(std::move(staging_));
+      retained_buffers::get().keep(std::move(spill_mem_), spill_size_);
+    }
   }
 
   /// Call right before layer `layer` is updated. With the window pipeline this is where
@@ -243,6 +247,9 @@ class source_engine {
   /// The fork iteration of the session in flight.
   std::optional<std::uint64_t> fork_iteration() const { return s_ ? std::optional(s_->k) : std::nullopt; }
   std::uint64_t sessions_completed() const noexcept { return completed_; }
+  /// pipeline::spill: bytes copied into the spill buffer so far, over all sessions (0 when
+  /// the network kept up with the trainer).
+  std::uint64_t bytes_spilled() const noexcept { return bytes_spilled_; }
   std::uint64_t sessions_failed() const noexcept { return failed_; }
   /// Requests the coordinator refused (a clone's layout or plan settings differ).
   std::uint64_t sessions_refused() const noexcept { return refused_; }
@@ -274,6 +281,12 @@ class source_engine {
     bool digest = false;                    // verify_replicas: sum every piece, send the digest
     std::vector<std::vector<std::uint32_t>> layer_pieces;  // verify_replicas: pieces of each layer
     std::size_t layers_digested = 0;
+    // pipeline::spill
+    struct queued_send { std::size_t layer; std::uint32_t piece; int dest, tag; std::span<const std::byte> src; };
+    std::deque<queued_send> queued;                 // data sends not yet posted, in wire order
+    std::vector<std::pair<std::size_t, std::uint64_t>> inflight;  // posted data sends and their bytes
+    std::uint64_t inflight_bytes = 0, spill_used = 0;
+    std::vector<std::optional<std::span<const std::byte>>> spilled;  // per piece: its copy in the spill buffer
     std::vector<double> fork_durations;
     double hook_s = 0;
     std::uint64_t bytes_sent = 0;
@@ -575,6 +588,15 @@ class source_engine {
         s_->stage_mem = staging_;
       }
     }
+    if constexpr (Pipeline::value == pipeline::kind::spill) {
+      s_->spilled.assign(plan_.pieces().size(), std::nullopt);
+      const auto n = static_cast<std::size_t>(std::min(st_.pipeline.spill_bytes, plan_.bytes_of_source(index_)));
+      if (n > spill_size_) {  // allocated once, untouched until a spill writes it (first touch is slow)
+        if (unwithdrawn_sends_) retained_buffers::get().keep(std::move(spill_mem_), spill_size_);
+        spill_mem_ = std::make_unique_for_overwrite<std::byte[]>(n);
+        spill_size_ = n;
+      }
+    }
     if (s_->digest)
       for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
         if (state_.space(t) != memory_space::host) {
@@ -632,14 +654,11 @@ class source_engine {
     auto& s = *s_;
     s.layer_sent[l] = true;
     if (resized(l)) return;
-    auto groups = plan_.sent_by_source(index_, l);
-    if (groups.empty()) {
+    auto holders = holders_of(l);
+    if (holders.empty()) {
       digest_layer(l);
       return;
     }
-    std::map<std::uint32_t, std::vector<std::uint32_t>> holders;  // piece -> groups holding it
-    for (auto g : groups)
-      for (auto pi : plan_.groups()[g].pieces) holders[pi].push_back(g);
     std::map<std::uint32_t, group_header> headers;
     for (auto& [pi, gs] : holders) {  // increasing piece index = each group's wire order
       auto& p = plan_.pieces()[pi];
@@ -653,9 +672,13 @@ class source_engine {
       s.summed[pi] = 1;
       for (auto g : gs) {
         int dest = roles_.clones[plan_.groups()[g].to];
-        auto r = s.out.send(comm_, dest, s.tags.layer(l, false, false), src);
-        if constexpr (Pipeline::value == pipeline::kind::staged) s.ring.back().reqs.push_back(r);
-        else s.layer_reqs[l].push_back(r);
+        if constexpr (Pipeline::value == pipeline::kind::spill) {
+          s.queued.push_back({l, pi, dest, s.tags.layer(l, false, false), src});
+        } else {
+          auto r = s.out.send(comm_, dest, s.tags.layer(l, false, false), src);
+          if constexpr (Pipeline::value == pipeline::kind::staged) s.ring.back().reqs.push_back(r);
+          else s.layer_reqs[l].push_back(r);
+        }
         s.bytes_sent += p.length;
         auto& h = headers.try_emplace(g, group_header{.session = s.id, .iteration = s.k, .layer = static_cast<std::uint32_t>(l), .from = index_, .pieces = {}}).first->second;
         h.pieces.push_back({p.tensor, p.offset, p.length, sum});
@@ -663,7 +686,72 @@ class source_engine {
     }
     for (auto& [g, h] : headers)
       s.out.send_owned(comm_, roles_.clones[plan_.groups()[g].to], s.tags.layer(l, false, true), h.encode());
+    if constexpr (Pipeline::value == pipeline::kind::spill) post_queued();
     digest_layer(l);
+  }
+
+  /// This source's pieces of layer `l`, each with the groups (clone ranks) that receive it.
+  std::map<std::uint32_t, std::vector<std::uint32_t>> holders_of(std::size_t l) const {
+    std::map<std::uint32_t, std::vector<std::uint32_t>> holders;
+    for (auto g : plan_.sent_by_source(index_, l))
+      for (auto pi : plan_.groups()[g].pieces) holders[pi].push_back(g);
+    return holders;
+  }
+
+  /// pipeline::spill: posts queued data sends, in order, while fewer than
+  /// `inflight_bytes` of them are on the wire.
+  void post_queued() {
+    auto& s = *s_;
+    std::erase_if(s.inflight, [&](auto& f) {
+      if (!s.out.done(comm_, f.first)) return false;
+      s.inflight_bytes -= f.second;
+      return true;
+    });
+    while (!s.queued.empty() && (s.inflight.empty() || s.inflight_bytes + s.queued.front().src.size() <= st_.pipeline.inflight_bytes)) {
+      auto& q = s.queued.front();
+      auto r = s.out.send(comm_, q.dest, q.tag, q.src);
+      s.layer_reqs[q.layer].push_back(r);
+      s.inflight.emplace_back(r, q.src.size());
+      s.inflight_bytes += q.src.size();
+      s.queued.pop_front();
+    }
+  }
+
+  /// pipeline::spill, before layer `l` is overwritten: copies the pieces of `l` that a clone
+  /// rank has not yet verified into the spill buffer and serves them from there on, then
+  /// waits only for the sends already on the wire from the tensor. False, with nothing
+  /// copied, when the layer is verified everywhere or the buffer has no room (the caller
+  /// then waits as `window` does).
+  bool spill_layer(std::size_t l) {
+    auto& s = *s_;
+    if (s.acks[l] >= acks_needed_[l]) return false;
+    std::vector<std::uint32_t> owed;
+    std::uint64_t bytes = 0;
+    for (auto& [pi, gs] : holders_of(l))
+      if (std::any_of(gs.begin(), gs.end(), [&](auto g) { return !s.acked[plan_.groups()[g].to][l]; })) {
+        owed.push_back(pi);
+        bytes += plan_.pieces()[pi].length;
+      }
+    if (s.spill_used + bytes > spill_size_) return false;
+    for (auto pi : owed) {
+      auto& p = plan_.pieces()[pi];
+      auto* to = spill_mem_.get() + s.spill_used;
+      std::memcpy(to, state_.bytes(p.tensor).data() + p.offset, p.length);
+      s.spilled[pi] = std::span<const std::byte>(to, p.length);
+      s.spill_used += p.length;
+    }
+    bytes_spilled_ += bytes;
+    for (auto& q : s.queued)  // every queued send goes to a clone rank that has not verified its layer
+      if (q.layer == l) q.src = *s.spilled[q.piece];
+    auto from_tensor = s.layer_reqs[l];  // what is posted from now on reads the copies
+    from_tensor.insert(from_tensor.end(), s.refetch_reqs[l].begin(), s.refetch_reqs[l].end());
+    settle([&] { return sends_done(from_tensor); },
+           "layer " + std::to_string(l) + "'s sends from the tensor did not complete within the timeout");
+    return true;
+  }
+
+  bool sends_done(const std::vector<std::size_t>& reqs) {
+    return std::all_of(reqs.begin(), reqs.end(), [&](std::size_t r) { return s_->out.done(comm_, r); });
   }
 
   /// verify_replicas: checksums the pieces of layer `l` (final for iteration k) that this
@@ -734,6 +822,7 @@ class source_engine {
   bool poll_session() {
     auto& s = *s_;
     bool any = s.out.poll(comm_);
+    if constexpr (Pipeline::value == pipeline::kind::spill) post_queued();
     if constexpr (Pipeline::value == pipeline::kind::staged)
       while (!s.ring.empty() && std::all_of(s.ring.front().reqs.begin(), s.ring.front().reqs.end(),
                                              [&](std::size_t r) { return s.out.done(comm_, r); }))
@@ -834,18 +923,20 @@ class source_engine {
       if (!s.layer_sent[g.layer]) break;  // not yet at iteration k for this layer
       if (resized(g.layer)) return true;
       group_header h{.session = s.id, .iteration = s.k, .layer = g.layer, .from = index_, .pieces = {}};
-      if (s.released[g.layer]) h.refused = refusal::released;
+      std::vector<std::span<const std::byte>> from;
+      for (auto pi : g.pieces)
+        if (auto b = bytes_of_k(pi)) from.push_back(*b);
+      if (from.size() < g.pieces.size()) h.refused = refusal::released;
       for (std::size_t i = 0; i < g.pieces.size() && h.refused == refusal::none; ++i) {
         auto& p = plan_.pieces()[g.pieces[i]];
-        const auto sum = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
+        const auto sum = Checksum::compute(from[i]);
         if (s.summed[g.pieces[i]] && sum != s.piece_sums[g.pieces[i]]) h.refused = refusal::changed, h.refused_tensor = p.tensor;
         h.pieces.push_back({p.tensor, p.offset, p.length, sum});
       }
       if (h.refused != refusal::none) h.pieces.clear();
-      for (auto& c : h.pieces) {
-        s.refetch_reqs[g.layer].push_back(
-            s.out.send(comm_, roles_.clones[j], s.tags.refetch_data(), state_.bytes(c.tensor).subspan(c.offset, c.length)));
-        s.bytes_sent += c.length;
+      for (std::size_t i = 0; i < h.pieces.size(); ++i) {
+        s.refetch_reqs[g.layer].push_back(s.out.send(comm_, roles_.clones[j], s.tags.refetch_data(), from[i]));
+        s.bytes_sent += h.pieces[i].length;
       }
       s.out.send_owned(comm_, roles_.clones[j], s.tags.refetch_header(), h.encode());
       q.pop_front();
@@ -854,10 +945,19 @@ class source_engine {
     return any;
   }
 
+  /// Where piece `pi`'s bytes of iteration k are: its spill copy (pipeline::spill), else
+  /// the live tensor until its layer is released, else nowhere.
+  std::optional<std::span<const std::byte>> bytes_of_k(std::uint32_t pi) const {
+    auto& p = plan_.pieces()[pi];
+    if (!s_->spilled.empty() && s_->spilled[pi]) return *s_->spilled[pi];
+    if (!s_->released[p.layer]) return state_.bytes(p.tensor).subspan(p.offset, p.length);
+    return std::nullopt;
+  }
+
   /// True when every send of the session completed and every clone rank verified every layer.
   bool delivered() {
     auto& s = *s_;
-    if (!s.out.all_done(comm_)) return false;
+    if (!s.queued.empty() || !s.out.all_done(comm_)) return false;
     for (std::size_t l = 0; l < s.acks.size(); ++l)
       if (s.acks[l] < acks_needed_[l]) return false;
     return true;
@@ -865,16 +965,21 @@ class source_engine {
 
   /// Before the trainer overwrites layer `l` again: wait until its sends (and refetches)
   /// completed and, for the window and blocking pipelines, every clone rank verified it, so
-  /// that a piece lost or corrupted elsewhere can still be served from here.
+  /// that a piece lost or corrupted elsewhere can still be served from here. The spill
+  /// pipeline copies what is still owed instead (spill_layer), unless its buffer is full.
   void close_window(std::size_t l) {
     auto& s = *s_;
+    if constexpr (Pipeline::value == pipeline::kind::spill)
+      if (spill_layer(l)) {
+        if (s_) s.released[l] = true;
+        return;
+      }
     settle([&] {
-      auto done = [&](const std::vector<std::size_t>& v) {
-        return std::all_of(v.begin(), v.end(), [&](std::size_t r) { return s_->out.done(comm_, r); });
-      };
-      if (!done(s_->refetch_reqs[l])) return false;
+      if (!sends_done(s_->refetch_reqs[l])) return false;
       if constexpr (Pipeline::value == pipeline::kind::staged) return true;  // staged copies: the tensor is free
-      return done(s_->layer_reqs[l]) && s_->acks[l] >= acks_needed_[l];
+      if constexpr (Pipeline::value == pipeline::kind::spill)  // a send not yet posted reads the tensor later
+        if (std::any_of(s_->queued.begin(), s_->queued.end(), [&](auto& q) { return q.layer == l; })) return false;
+      return sends_done(s_->layer_reqs[l]) && s_->acks[l] >= acks_needed_[l];
     }, "layer " + std::to_string(l) + " was not delivered and verified within the timeout");
     if (s_) s.released[l] = true;
   }
@@ -975,6 +1080,10 @@ class source_engine {
   /// while pending on a transport that may not withdraw it can still read it
   /// (`unwithdrawn_sends_`): it then outlives the engine (`retained_buffers`).
   std::vector<std::byte> staging_;
+  /// pipeline::spill: the spill buffer, kept across sessions like `staging_`.
+  std::unique_ptr<std::byte[]> spill_mem_;
+  std::size_t spill_size_ = 0;
+  std::uint64_t bytes_spilled_ = 0;
   bool unwithdrawn_sends_ = false;
   std::vector<std::uint32_t> acks_needed_;  // clone ranks that receive something of each layer
   std::uint64_t generation_ = 1;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -33,7 +34,7 @@ inline constexpr bool withdraws_sends = requires { requires Comm::withdraws_send
 /// them: the transport reads such a buffer whenever the receiver posts a matching receive,
 /// possibly after the engine that sent it is gone, so the buffer lives as long as the
 /// process. Only failed or withdrawn sessions leave any: their headers, control messages,
-/// metadata and (staged pipeline) staging ring.
+/// metadata and (staged, spill pipelines) staging ring or spill buffer.
 class retained_buffers {
  public:
   static retained_buffers& get() {
@@ -46,6 +47,12 @@ class retained_buffers {
     bytes_ += b.size();
     kept_.push_back(std::move(b));
   }
+  void keep(std::unique_ptr<std::byte[]>&& b, std::size_t size) {
+    if (!b) return;
+    std::lock_guard lock(m_);
+    bytes_ += size;
+    kept_raw_.push_back(std::move(b));
+  }
   std::size_t bytes() {
     std::lock_guard lock(m_);
     return bytes_;
@@ -54,6 +61,7 @@ class retained_buffers {
  private:
   std::mutex m_;
   std::vector<std::vector<std::byte>> kept_;
+  std::vector<std::unique_ptr<std::byte[]>> kept_raw_;
   std::size_t bytes_ = 0;
 };
 /// Bytes kept alive so far by `retained_buffers` (the cost of sends a transport could not withdraw).
