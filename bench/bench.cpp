@@ -434,13 +434,14 @@ int main(int argc, char** argv) {
 
   struct strat { std::string kind, pipeline, recon; };
   std::vector<strat> strategies{{"checkpoint", "", ""}, {"checkpoint_deepfreeze", "", ""}, {"root_broadcast", "", ""}};
-  for (auto p : {"window", "staged", "blocking"})
+  for (auto p : {"window", "staged", "blocking", "spill"})
     for (auto r : {"scatter_exchange", "direct"}) strategies.push_back({"deepclone", p, r});
   strategies.push_back({"deepclone+verify", "window", "scatter_exchange"});
   strategies.push_back({"deepclone+collective", "window", "scatter_exchange"});
   if (cfg.quick)
     strategies = {{"checkpoint", "", ""}, {"root_broadcast", "", ""}, {"deepclone", "window", "scatter_exchange"},
-                  {"deepclone", "staged", "direct"}, {"deepclone+collective", "window", "scatter_exchange"}};
+                  {"deepclone", "staged", "direct"}, {"deepclone", "spill", "scatter_exchange"},
+                  {"deepclone+collective", "window", "scatter_exchange"}};
   auto run_one = [&](context& cx, const strat& s) {
     if (s.kind == "deepclone") return run_deepclone(cx, s.pipeline, s.recon);
     if (s.kind == "deepclone+verify") return run_deepclone_verified(cx);

@@ -34,6 +34,7 @@ struct run_shared {
   std::uint64_t k = 0;
   clock::time_point t_first_final{}, t_req{};     // first layer of k final (source 0); first request
   bool have_first_final = false;
+  std::atomic<std::uint64_t> max_spilled{0};      // pipeline::spill: the most any source copied
 
   /// A source's bookkeeping after each iteration, the same for every strategy: records the
   /// iteration's duration; unless `stop`, source 0 publishes its progress and, at the end

@@ -74,6 +74,11 @@ record run_engine(context& c, typename Engine::settings settings, const std::str
           if (sh.iteration_done(*i, tr.step, flags[1] > 0, M, c.cfg.warmup, last)) break;
         }
         src.finish();
+        if constexpr (Engine::pipeline_type::value == deepclone::pipeline::kind::spill) {
+          auto b = src.bytes_spilled(), seen = sh.max_spilled.load();
+          while (b > seen && !sh.max_spilled.compare_exchange_weak(seen, b)) {
+          }
+        }
       } else {
         const auto j = *roles.clone_index(rank);
         for (auto& t : r.tensors) std::fill(t.begin(), t.end(), -1.0f);
@@ -124,6 +129,7 @@ record run_engine(context& c, typename Engine::settings settings, const std::str
     for (int i = 0; i < N; ++i) owned = std::max(owned, plan.bytes_of_source(static_cast<std::uint32_t>(i)));
     out.extra_source_bytes = std::min<std::uint64_t>(settings.pipeline.staging_bytes, owned);
   }
+  if constexpr (Engine::pipeline_type::value == deepclone::pipeline::kind::spill) out.extra_source_bytes = sh.max_spilled.load();
   // Readiness counted from the moment the first layer of iteration k was final on source 0
   // (the earliest any byte of the clone's state could move).
   out.from_state_s = sh.have_first_final ? out.readiness_s - secs(sh.t_req, sh.t_first_final) : NAN;
@@ -153,6 +159,8 @@ record run_deepclone(context& c, const std::string& p, const std::string& r) {
   if (p == "staged" && r == "direct") return run_policy<pl::staged, rc::direct>(c, "deepclone");
   if (p == "blocking" && r == "scatter_exchange") return run_policy<pl::blocking, rc::scatter_exchange>(c, "deepclone");
   if (p == "blocking" && r == "direct") return run_policy<pl::blocking, rc::direct>(c, "deepclone");
+  if (p == "spill" && r == "scatter_exchange") return run_policy<pl::spill, rc::scatter_exchange>(c, "deepclone");
+  if (p == "spill" && r == "direct") return run_policy<pl::spill, rc::direct>(c, "deepclone");
   throw std::invalid_argument("unknown deepclone policies " + p + "/" + r);
 }
 

@@ -59,6 +59,7 @@ json run_engine(ctx& c, typename Engine::settings settings, clock::time_point or
     } side(src, r, origin, mine);
     source_loop(c, side, origin, mine);
     src.finish();
+    if constexpr (Engine::pipeline_type::value == deepclone::pipeline::kind::spill) mine["bytes_spilled"] = src.bytes_spilled();
   } else {
     clone_t dst(comm, c.roles, r.state, settings);
     for (auto& t : r.tensors) std::fill(t.begin(), t.end(), -1.0f);
@@ -100,7 +101,9 @@ json run_deepclone_mpi(ctx& c, const std::string& p, const std::string& r, const
   if (agreement == "collective") {
     if (p == "window" && r == "scatter_exchange")
       return run_policy<pl::window, rc::scatter_exchange, deepclone::agreement::collective>(c, origin, 2);
-    throw std::invalid_argument("agreement::collective is benchmarked with window/scatter_exchange only");
+    if (p == "spill" && r == "scatter_exchange")
+      return run_policy<pl::spill, rc::scatter_exchange, deepclone::agreement::collective>(c, origin, 2);
+    throw std::invalid_argument("agreement::collective is benchmarked with window or spill / scatter_exchange only");
   }
   std::uint64_t lead = 2;
   if (agreement == "coordinator1") lead = 1;
@@ -111,6 +114,7 @@ json run_deepclone_mpi(ctx& c, const std::string& p, const std::string& r, const
   if (p == "staged" && r == "direct") return run_policy<pl::staged, rc::direct>(c, origin, lead);
   if (p == "blocking" && r == "scatter_exchange") return run_policy<pl::blocking, rc::scatter_exchange>(c, origin, lead);
   if (p == "blocking" && r == "direct") return run_policy<pl::blocking, rc::direct>(c, origin, lead);
+  if (p == "spill" && r == "scatter_exchange") return run_policy<pl::spill, rc::scatter_exchange>(c, origin, lead);
   throw std::invalid_argument("unknown deepclone policies " + p + "/" + r);
 }
 

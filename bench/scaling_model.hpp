@@ -36,7 +36,7 @@ inline double total(const params& p) {
   return s;
 }
 
-/// deepclone with the given pipeline ("window", "staged", "blocking") and reconstruction
+/// deepclone with the given pipeline ("window", "staged", "blocking", "spill") and reconstruction
 /// ("scatter_exchange", "direct"); `single_root` models the root broadcast. Agreement:
 /// the coordinator protocol (k = the iteration in which the coordinator saw every request
 /// + fork_lead), or, with `collective`, engine v2's agreement on the trainer's allreduce
@@ -71,13 +71,14 @@ inline prediction deepclone(const params& p, const std::string& pipeline, const 
     else if (collective) release[l] = std::max(0.0, to_k + it - p.update_fraction * it * (1 - cum / S));
     else release[l] = bwd_start + bwd_len * cum / S;
   }
-  double t = 0, stall = 0;
+  double t = 0, stall = 0, spilled = 0;
   const double chk = p.layer_bytes.empty() ? 0 : 1.0 / p.checksum_rate;
   for (std::size_t i = 0; i < L; ++i) {
     const std::size_t l = L - 1 - i;  // sent in release order
     t = std::max(t, release[l]) + p.layer_bytes[l] / rate;
     done[l] = t + p.latency;
     if (pipeline == "window") stall = std::max(stall, done[l] - (release[l] + it));  // window closes at the next update
+    if (done[l] > release[l] + it) spilled += p.layer_bytes[l] * copies / senders;   // spill: still owed when overwritten
   }
   double last = *std::max_element(done.begin(), done.end());
   if (recon == "scatter_exchange" && p.M > 1) {
@@ -90,6 +91,7 @@ inline prediction deepclone(const params& p, const std::string& pipeline, const 
   const double hooks = share / p.checksum_rate;
   if (pipeline == "blocking") out.overhead_s = (last - (to_k + it)) + hooks;
   else if (pipeline == "staged") out.overhead_s = hooks + S / p.N / 8e9 + std::max(0.0, stall);  // checksums + staging copy
+  else if (pipeline == "spill") out.overhead_s = hooks + spilled / 8e9;  // checksums + copying what is still owed
   else out.overhead_s = hooks + std::max(0.0, stall);
   (void)chk;
   return out;

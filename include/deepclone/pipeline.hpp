@@ -27,18 +27,19 @@ struct staged {
 };
 
 /// Send from the live tensors as `window` does, but never hold the trainer for a slow
-/// link: when a layer of the fork iteration is about to be overwritten while some clone
-/// rank has not yet verified it, the bytes this source still owes for it are copied into a
-/// spill buffer, and its remaining sends and refetches are served from there. Zero copies
-/// when the network keeps up. Data sends are posted `inflight_bytes` at a time (so that a
-/// layer about to be overwritten waits for at most that much already on the wire); the
-/// buffer is at most this source's share of the state, or `spill_bytes` if less. When the
-/// buffer is full the source waits for the layer, as `window` does.
+/// link. During the fork iteration k, data sends from the tensors are posted at most
+/// `inflight_bytes` at a time; once k ended, what is still queued is copied into a spill
+/// buffer and posted from there, and a layer that is about to be overwritten while a clone
+/// rank has not yet verified it has its owed bytes copied too (refetches are then served
+/// from the copies). The source waits only for the sends already on the wire from a tensor
+/// (at most `inflight_bytes`). Nothing is copied when the network keeps up. The buffer is
+/// this source's share of the state, or `spill_bytes` if less, allocated (and touched) when
+/// the source is created; when it is full the source waits for a layer as `window` does.
 struct spill {
   static constexpr kind value = kind::spill;
   static constexpr const char* name = "spill";
   std::uint64_t spill_bytes = std::uint64_t{1} << 40;
-  std::uint64_t inflight_bytes = 32ull << 20;
+  std::uint64_t inflight_bytes = 4ull << 20;
 };
 
 /// Stop the world at the end of the fork iteration and send everything before training

@@ -75,6 +75,8 @@ class source_engine {
         throw error(errc::unsupported, "tensor '" + layout_.tensor(t).name +
                                            "' lives in device memory: the core engine sends host memory; use a device pipeline");
     updated_.assign(layout_.layer_count(), 0);
+    // Allocated and touched here, before training: fresh memory's first touch is slow.
+    if constexpr (Pipeline::value == pipeline::kind::spill) spill_mem_.assign(spill_capacity(), std::byte{0});
     if (st_.check_writes) written_sums_.assign(layout_.tensor_count(), std::nullopt);
     acks_needed_.assign(layout_.layer_count(), 0);
     {
@@ -94,7 +96,7 @@ class source_engine {
     }
     if (unwithdrawn_sends_) {
       retained_buffers::get().keep(std::move(staging_));
-      retained_buffers::get().keep(std::move(spill_mem_), spill_size_);
+      retained_buffers::get().keep(std::move(spill_mem_));
     }
   }
 
@@ -590,12 +592,7 @@ class source_engine {
     }
     if constexpr (Pipeline::value == pipeline::kind::spill) {
       s_->spilled.assign(plan_.pieces().size(), std::nullopt);
-      const auto n = static_cast<std::size_t>(std::min(st_.pipeline.spill_bytes, plan_.bytes_of_source(index_)));
-      if (n > spill_size_) {  // allocated once, untouched until a spill writes it (first touch is slow)
-        if (unwithdrawn_sends_) retained_buffers::get().keep(std::move(spill_mem_), spill_size_);
-        spill_mem_ = std::make_unique_for_overwrite<std::byte[]>(n);
-        spill_size_ = n;
-      }
+      if (spill_mem_.empty()) spill_mem_.assign(spill_capacity(), std::byte{0});  // replaced: the old one was retained
     }
     if (s_->digest)
       for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
@@ -698,8 +695,11 @@ class source_engine {
     return holders;
   }
 
-  /// pipeline::spill: posts queued data sends, in order, while fewer than
-  /// `inflight_bytes` of them are on the wire.
+  /// pipeline::spill: posts queued data sends, in order. Sends from a tensor are posted
+  /// while fewer than `inflight_bytes` of them are on the wire, so that a layer about to be
+  /// overwritten waits for at most that much. Once iteration k ended (its layers are
+  /// overwritten from now on) what is still queued is copied to the spill buffer, where it
+  /// may wait on the wire as long as the link needs, and posted at once.
   void post_queued() {
     auto& s = *s_;
     std::erase_if(s.inflight, [&](auto& f) {
@@ -707,12 +707,18 @@ class source_engine {
       s.inflight_bytes -= f.second;
       return true;
     });
-    while (!s.queued.empty() && (s.inflight.empty() || s.inflight_bytes + s.queued.front().src.size() <= st_.pipeline.inflight_bytes)) {
+    const bool k_ended = last_step_ && *last_step_ >= s.k;
+    while (!s.queued.empty()) {
       auto& q = s.queued.front();
+      if (k_ended && !s.released[q.layer] && spill_piece(q.piece)) q.src = *s.spilled[q.piece];
+      const bool from_tensor = !s.spilled[q.piece];
+      if (from_tensor && !s.inflight.empty() && s.inflight_bytes + q.src.size() > st_.pipeline.inflight_bytes) break;
       auto r = s.out.send(comm_, q.dest, q.tag, q.src);
-      s.layer_reqs[q.layer].push_back(r);
-      s.inflight.emplace_back(r, q.src.size());
-      s.inflight_bytes += q.src.size();
+      if (from_tensor) {  // what must complete before the layer is overwritten
+        s.layer_reqs[q.layer].push_back(r);
+        s.inflight.emplace_back(r, q.src.size());
+        s.inflight_bytes += q.src.size();
+      }
       s.queued.pop_front();
     }
   }
@@ -730,17 +736,10 @@ class source_engine {
     for (auto& [pi, gs] : holders_of(l))
       if (std::any_of(gs.begin(), gs.end(), [&](auto g) { return !s.acked[plan_.groups()[g].to][l]; })) {
         owed.push_back(pi);
-        bytes += plan_.pieces()[pi].length;
+        if (!s.spilled[pi]) bytes += plan_.pieces()[pi].length;
       }
-    if (s.spill_used + bytes > spill_size_) return false;
-    for (auto pi : owed) {
-      auto& p = plan_.pieces()[pi];
-      auto* to = spill_mem_.get() + s.spill_used;
-      std::memcpy(to, state_.bytes(p.tensor).data() + p.offset, p.length);
-      s.spilled[pi] = std::span<const std::byte>(to, p.length);
-      s.spill_used += p.length;
-    }
-    bytes_spilled_ += bytes;
+    if (s.spill_used + bytes > spill_mem_.size()) return false;
+    for (auto pi : owed) spill_piece(pi);
     for (auto& q : s.queued)  // every queued send goes to a clone rank that has not verified its layer
       if (q.layer == l) q.src = *s.spilled[q.piece];
     auto from_tensor = s.layer_reqs[l];  // what is posted from now on reads the copies
@@ -748,6 +747,24 @@ class source_engine {
     settle([&] { return sends_done(from_tensor); },
            "layer " + std::to_string(l) + "'s sends from the tensor did not complete within the timeout");
     return true;
+  }
+
+  /// Copies piece `pi` (iteration k's bytes, still in its tensor) into the spill buffer,
+  /// unless it is there already or the buffer has no room; true if it is there now.
+  bool spill_piece(std::uint32_t pi) {
+    auto& s = *s_;
+    if (s.spilled[pi]) return true;
+    auto& p = plan_.pieces()[pi];
+    if (s.spill_used + p.length > spill_mem_.size()) return false;
+    auto* to = spill_mem_.data() + s.spill_used;
+    std::memcpy(to, state_.bytes(p.tensor).data() + p.offset, p.length);
+    s.spilled[pi] = std::span<const std::byte>(to, p.length);
+    s.spill_used += p.length;
+    bytes_spilled_ += p.length;
+    return true;
+  }
+  std::size_t spill_capacity() const {
+    return static_cast<std::size_t>(std::min(st_.pipeline.spill_bytes, plan_.bytes_of_source(index_)));
   }
 
   bool sends_done(const std::vector<std::size_t>& reqs) {
@@ -1081,8 +1098,7 @@ class source_engine {
   /// (`unwithdrawn_sends_`): it then outlives the engine (`retained_buffers`).
   std::vector<std::byte> staging_;
   /// pipeline::spill: the spill buffer, kept across sessions like `staging_`.
-  std::unique_ptr<std::byte[]> spill_mem_;
-  std::size_t spill_size_ = 0;
+  std::vector<std::byte> spill_mem_;
   std::uint64_t bytes_spilled_ = 0;
   bool unwithdrawn_sends_ = false;
   std::vector<std::uint32_t> acks_needed_;  // clone ranks that receive something of each layer

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -47,12 +46,6 @@ class retained_buffers {
     bytes_ += b.size();
     kept_.push_back(std::move(b));
   }
-  void keep(std::unique_ptr<std::byte[]>&& b, std::size_t size) {
-    if (!b) return;
-    std::lock_guard lock(m_);
-    bytes_ += size;
-    kept_raw_.push_back(std::move(b));
-  }
   std::size_t bytes() {
     std::lock_guard lock(m_);
     return bytes_;
@@ -61,7 +54,6 @@ class retained_buffers {
  private:
   std::mutex m_;
   std::vector<std::vector<std::byte>> kept_;
-  std::vector<std::unique_ptr<std::byte[]>> kept_raw_;
   std::size_t bytes_ = 0;
 };
 /// Bytes kept alive so far by `retained_buffers` (the cost of sends a transport could not withdraw).
