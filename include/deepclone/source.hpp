@@ -10,7 +10,6 @@
 #include <cmath>
 #include <deque>
 #include <map>
-#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -249,12 +248,12 @@ class source_engine {
   /// The fork iteration of the session in flight.
   std::optional<std::uint64_t> fork_iteration() const { return s_ ? std::optional(s_->k) : std::nullopt; }
   std::uint64_t sessions_completed() const noexcept { return completed_; }
-  /// pipeline::spill: bytes copied into the spill buffer so far, over all sessions (0 when
-  /// the network kept up with the trainer).
-  std::uint64_t bytes_spilled() const noexcept { return bytes_spilled_; }
   std::uint64_t sessions_failed() const noexcept { return failed_; }
   /// Requests the coordinator refused (a clone's layout or plan settings differ).
   std::uint64_t sessions_refused() const noexcept { return refused_; }
+  /// pipeline::spill: bytes copied into the spill buffer so far, over all sessions (0 when
+  /// the network kept up with the trainer).
+  std::uint64_t bytes_spilled() const noexcept { return bytes_spilled_; }
   /// Why the last failed or refused session ended so (the source itself keeps training).
   const std::optional<failure>& last_error() const noexcept { return last_error_; }
   const deepclone::plan& plan() const noexcept { return plan_; }
@@ -590,10 +589,7 @@ class source_engine {
         s_->stage_mem = staging_;
       }
     }
-    if constexpr (Pipeline::value == pipeline::kind::spill) {
-      s_->spilled.assign(plan_.pieces().size(), std::nullopt);
-      if (spill_mem_.empty()) spill_mem_.assign(spill_capacity(), std::byte{0});  // replaced: the old one was retained
-    }
+    if constexpr (Pipeline::value == pipeline::kind::spill) s_->spilled.assign(plan_.pieces().size(), std::nullopt);
     if (s_->digest)
       for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
         if (state_.space(t) != memory_space::host) {
@@ -841,9 +837,7 @@ class source_engine {
     bool any = s.out.poll(comm_);
     if constexpr (Pipeline::value == pipeline::kind::spill) post_queued();
     if constexpr (Pipeline::value == pipeline::kind::staged)
-      while (!s.ring.empty() && std::all_of(s.ring.front().reqs.begin(), s.ring.front().reqs.end(),
-                                             [&](std::size_t r) { return s.out.done(comm_, r); }))
-        s.ring.pop_front();
+      while (!s.ring.empty() && sends_done(s.ring.front().reqs)) s.ring.pop_front();
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       if (auto b = s.cancels[j].test(comm_)) {
         any = true;
