@@ -31,16 +31,20 @@ dc::report fork_report() {
     st.add_layer("head", {{"bias", t[3]}});
     if (comm.rank() < 2) {
       E::source<std::vector<float>> src(comm, roles, st);
-      for (std::uint64_t step = 0; done.load() < 2 || step < 8; ++step) {
+      for (std::uint64_t step = 0;; ++step) {
         for (std::size_t l = st.layer_count(); l-- > 0;) {
           src.before_update(l);
           for (auto& x : st.layer_tensors(l))
             for (auto& v : *x.ref) v += 0.5f;
           src.after_update(l);
         }
-        dc::barrier(comm, roles.sources, 10);
+        // The sources agree on stopping (each reading `done` alone, one could leave while
+        // the other waits in this collective forever: a hang seen once under load).
+        int finished[1] = {done.load() == 2 && step >= 8 ? 1 : 0};
+        dc::allreduce_sum(comm, roles.sources, std::span<int>(finished), 10);
         st.metadata().step = step;
         src.end_iteration(step);
+        if (finished[0] == 2) break;
       }
       src.finish();
     } else {
