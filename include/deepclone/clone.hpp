@@ -412,9 +412,9 @@ class clone_engine {
     bool any = false;
     for (std::size_t l = 0; l < ready_at_.size(); ++l) {
       if (ready_at_[l]) continue;
-      if (Reconstruct::exchanges && !fwd_posted_[l] && owned_pending_[l] == 0) post_forwards(l);
-      if (pending_[l] == 0 && (!Reconstruct::exchanges || std::all_of(fwd_of_[l].begin(), fwd_of_[l].end(),
-                                                                        [&](std::size_t r) { return fwd_.done(comm_, r); }))) {
+      const bool forwarded = post_forwards(l);
+      if (pending_[l] == 0 && forwarded &&
+          std::all_of(fwd_of_[l].begin(), fwd_of_[l].end(), [&](std::size_t r) { return fwd_.done(comm_, r); })) {
         ready_at_[l] = seconds_since(t_request_);
         unacked_.push_back(static_cast<std::uint32_t>(l));
         any = true;
@@ -531,7 +531,7 @@ class clone_engine {
     (g.exchange && !refetched ? from_clones_ : from_sources_) += g.bytes;
     if (!g.exchange || refetched) any_source_delivered_ = true;
     --pending_[g.layer];
-    if (!g.exchange && Reconstruct::exchanges) --owned_pending_[g.layer];
+    for (auto f : plan_.unblocks(in.group)) --fwd_waits_[f];
     // Forget the request objects now: nothing of this group is outstanding.
     in.data.clear();
     in.header.clear();
@@ -711,9 +711,17 @@ class clone_engine {
     }
   }
 
-  void post_forwards(std::size_t l) {
-    fwd_posted_[l] = true;
+  /// Posts this rank's forwards of layer `l` whose pieces are all verified here (the
+  /// reconstruction policy's topology, in plan.hpp). True once all of them are posted.
+  bool post_forwards(std::size_t l) {
+    bool all = true;
     for (auto g : plan_.forwarded_by_clone(index_, l)) {
+      if (fwd_posted_[g]) continue;
+      if (fwd_waits_[g] != 0) {
+        all = false;
+        continue;
+      }
+      fwd_posted_[g] = true;
       auto& grp = plan_.groups()[g];
       int dest = roles_.clones[grp.to];
       group_header h{.session = session_, .iteration = k_, .layer = static_cast<std::uint32_t>(l), .from = index_, .pieces = {}};
@@ -724,6 +732,7 @@ class clone_engine {
       }
       fwd_of_[l].push_back(fwd_.send_owned(comm_, dest, tags_.layer(l, true, true), h.encode()));
     }
+    return all;
   }
 
   void begin(const decision_msg& d) {
@@ -745,8 +754,10 @@ class clone_engine {
     ready_at_.assign(L, std::nullopt);
     told_.assign(L, 0);
     pending_.assign(L, 0);
-    owned_pending_.assign(L, 0);
-    fwd_posted_.assign(L, false);
+    fwd_posted_.assign(plan_.groups().size(), false);
+    fwd_waits_.assign(plan_.groups().size(), 0);
+    for (std::size_t l = 0; l < L; ++l)
+      for (auto g : plan_.forwarded_by_clone(index_, l)) fwd_waits_[g] = plan_.awaits(g).size();
     fwd_of_.assign(L, {});
     sums_.assign(plan_.pieces().size(), 0);
     from_sources_ = from_clones_ = 0;
@@ -788,7 +799,6 @@ class clone_engine {
       in.done.assign(in.data.size(), false);
       in.tried.assign(roles_.source_count(), 0);
       ++pending_[grp.layer];
-      if (!grp.exchange && Reconstruct::exchanges) ++owned_pending_[grp.layer];
     }
   }
 
@@ -1001,8 +1011,9 @@ class clone_engine {
   std::function<void(const deepclone::progress&)> on_progress_;
   std::vector<char> told_;               // layers handed to on_progress_ this session
   deepclone::progress told_progress_;    // ... and the totals of what it was told
-  std::vector<std::size_t> pending_, owned_pending_;
-  std::vector<bool> fwd_posted_;
+  std::vector<std::size_t> pending_;
+  std::vector<std::size_t> fwd_waits_;  ///< per forward group of this rank: unverified groups it awaits
+  std::vector<bool> fwd_posted_;        ///< per group: this rank posted it (forward groups only)
   std::vector<std::vector<std::size_t>> fwd_of_;
 };
 

@@ -17,6 +17,7 @@
 #include "communicator.hpp"
 #include "pipeline.hpp"
 #include "plan.hpp"
+#include "policy.hpp"
 #include "reconstruct.hpp"
 #include "roles.hpp"
 #include "shard.hpp"
@@ -24,38 +25,6 @@
 #include "state.hpp"
 
 namespace deepclone {
-
-namespace detail {
-template <class P>
-concept sharding_policy = requires(const P& p, const layout& l) {
-  { P::id } -> std::convertible_to<std::uint32_t>;
-  { P::name } -> std::convertible_to<const char*>;
-  { p.param() } -> std::convertible_to<std::uint64_t>;
-  { p.assign(l, std::uint32_t{}, std::uint64_t{}) } -> std::same_as<std::vector<piece>>;
-};
-template <class P>
-concept reconstruction_policy = requires(const P& p, const layout& l, std::vector<piece> v) {
-  { P::id } -> std::convertible_to<std::uint32_t>;
-  { P::exchanges } -> std::convertible_to<bool>;
-  { p.param() } -> std::convertible_to<std::uint64_t>;
-  { p.assign_owners(v, l, std::uint32_t{}, std::uint64_t{}) } -> std::same_as<std::vector<piece>>;
-};
-template <class P>
-concept pipeline_policy = requires {
-  { P::value } -> std::convertible_to<pipeline::kind>;
-  { P::name } -> std::convertible_to<const char*>;
-};
-template <class P>
-concept agreement_policy = requires {
-  { P::name } -> std::convertible_to<const char*>;
-  { P::trainer_collective } -> std::convertible_to<bool>;
-};
-template <class P>
-concept checksum_policy = requires(std::span<const std::byte> b) {
-  { P::id } -> std::convertible_to<std::uint32_t>;
-  { P::compute(b) } -> std::same_as<std::uint64_t>;
-};
-}  // namespace detail
 
 template <class Comm, class Shard = shard::split_even, class Pipeline = pipeline::window,
           class Reconstruct = reconstruct::scatter_exchange, class Checksum = checksum::mix64,
@@ -66,14 +35,8 @@ class engine {
                 "default-constructible request_type, isend/irecv over std::byte spans returning it, "
                 "test(r) -> std::optional<std::size_t>, wait(r) -> std::size_t, cancel(r); the contract is in "
                 "communicator.hpp and docs/communicator.md, a minimal adapter in examples/own_communicator.cpp");
-  static_assert(detail::sharding_policy<Shard>, "deepclone::engine: Shard must be a sharding policy (see shard.hpp)");
-  static_assert(detail::reconstruction_policy<Reconstruct>,
-                "deepclone::engine: Reconstruct must be a reconstruction policy (see reconstruct.hpp)");
-  static_assert(detail::pipeline_policy<Pipeline>, "deepclone::engine: Pipeline must be a pipeline policy (see pipeline.hpp)");
-  static_assert(detail::checksum_policy<Checksum>, "deepclone::engine: Checksum must be a checksum policy (see checksum.hpp)");
-  static_assert(detail::agreement_policy<Agreement>,
-                "deepclone::engine: Agreement must be an agreement policy: a type with `static constexpr const char* "
-                "name` and `static constexpr bool trainer_collective` (see agreement.hpp)");
+  static_assert(detail::policy_check<Shard, Pipeline, Reconstruct, Checksum, Agreement>::ok,
+                "deepclone::engine: a policy lacks a member (the message above names it; policy.hpp lists them)");
 
  public:
   using comm_type = Comm;

@@ -17,6 +17,7 @@
 #include "error.hpp"
 #include "layout.hpp"
 #include "piece.hpp"
+#include "reconstruct.hpp"
 
 namespace deepclone {
 
@@ -97,6 +98,11 @@ class plan {
   std::span<const std::uint32_t> forwarded_by_clone(std::uint32_t c, std::size_t l) const { return fwd_by_clone_[c][l]; }
   /// Every group clone `c` receives (from sources and from other clone ranks).
   std::span<const std::uint32_t> received_by_clone(std::uint32_t c) const { return recv_by_clone_[c]; }
+  /// Groups that must be verified at clone rank `groups()[g].from` before it may forward
+  /// group `g` (the groups that brought it g's pieces); empty for groups from sources.
+  std::span<const std::uint32_t> awaits(std::uint32_t g) const { return awaits_[g]; }
+  /// Forward groups that await group `g` (the inverse of `awaits`).
+  std::span<const std::uint32_t> unblocks(std::uint32_t g) const { return unblocks_[g]; }
 
   /// Distinct tensor bytes source `s` is responsible for (each piece counted once).
   std::uint64_t bytes_of_source(std::uint32_t s) const {
@@ -129,7 +135,7 @@ class plan {
   std::vector<piece> pieces_;
   std::vector<transfer_group> groups_;
   std::vector<std::vector<std::vector<std::uint32_t>>> by_source_, fwd_by_clone_;
-  std::vector<std::vector<std::uint32_t>> recv_by_clone_;
+  std::vector<std::vector<std::uint32_t>> recv_by_clone_, awaits_, unblocks_;
 };
 
 namespace detail {
@@ -153,11 +159,59 @@ inline void check_every_clone_receives_all(const plan& p, std::uint32_t clones, 
     }
   }
 }
+
+/// The hops of a piece owned by `owner` must each start at a clone rank that already holds
+/// it (the owner, or the receiver of an earlier hop): a clone rank forwards only bytes it
+/// has verified.
+inline void check_hops(const std::vector<reconstruct::hop>& hops, std::uint32_t owner, std::uint32_t clones,
+                       const std::string& policy) {
+  std::vector<char> holds(clones, 0);
+  holds[owner] = 1;
+  for (auto h : hops) {
+    if (h.from >= clones || h.to >= clones)
+      throw error(errc::invalid_argument, "reconstruction policy " + policy + ": forward " + std::to_string(h.from) +
+                                              " -> " + std::to_string(h.to) + " names a clone rank beyond the " +
+                                              std::to_string(clones) + " there are");
+    if (!holds[h.from])
+      throw error(errc::invalid_argument,
+                  "reconstruction policy " + policy + ": forward " + std::to_string(h.from) + " -> " + std::to_string(h.to) +
+                      " of a piece owned by clone rank " + std::to_string(owner) + " starts at a clone rank that does not "
+                      "hold the piece yet (forwards are listed in dependency order: a clone rank forwards only what it holds)");
+    holds[h.to] = 1;
+  }
+}
+
+/// A clone rank forwards a group once it holds every piece of it; groups that wait on each
+/// other in a cycle would never leave. Kahn's algorithm over the forward groups.
+inline void check_forwards_acyclic(const plan& p, const std::string& policy) {
+  const auto n = static_cast<std::uint32_t>(p.groups().size());
+  std::vector<std::size_t> waits(n);
+  std::vector<std::uint32_t> ready;
+  for (std::uint32_t g = 0; g < n; ++g)
+    if ((waits[g] = p.awaits(g).size()) == 0) ready.push_back(g);
+  std::size_t left = n;
+  while (!ready.empty()) {
+    auto g = ready.back();
+    ready.pop_back();
+    --left;
+    for (auto f : p.unblocks(g))
+      if (--waits[f] == 0) ready.push_back(f);
+  }
+  if (left == 0) return;
+  const auto stuck = static_cast<std::uint32_t>(std::find_if(waits.begin(), waits.end(), [](auto w) { return w > 0; }) - waits.begin());
+  const auto& g = p.groups()[stuck];
+  throw error(errc::invalid_argument,
+              "reconstruction policy " + policy + ": the forwards of layer " + std::to_string(g.layer) + " ('" +
+                  p.layout().layers()[g.layer].name + "') wait on each other in a cycle (clone rank " + std::to_string(g.from) +
+                  " -> " + std::to_string(g.to) + " is among them): a clone rank forwards a layer's group to a peer only "
+                  "once it holds every piece of it, so no chain of forwards may lead back to where it started");
+}
 }  // namespace detail
 
 /// Computes the plan. Deterministic: the same arguments give the same plan on every rank.
 /// Throws `errc::invalid_argument` for N or M of zero, when a policy's pieces do not cover
-/// every byte exactly once, and when some clone rank would not receive every byte exactly once.
+/// every byte exactly once, when some clone rank would not receive every byte exactly once,
+/// and for forwards out of dependency order or waiting on each other in a cycle.
 template <class Shard, class Reconstruct>
 plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, const Shard& shard,
                const Reconstruct& recon, const plan_options& opt, std::uint32_t checksum_id) {
@@ -214,7 +268,8 @@ plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, c
                                               " bytes of tensor '" + lay.tensor(t).name + "'");
   }
 
-  // 4. Group pieces into messages: per layer, per (sender, receiver).
+  // 4. Group pieces into messages: per layer, per (sender, receiver). A forward group
+  //    awaits the groups that brought its pieces to its sender.
   const std::size_t L = lay.layer_count();
   p.by_source_.assign(sources, std::vector<std::vector<std::uint32_t>>(L));
   p.fwd_by_clone_.assign(clones, std::vector<std::vector<std::uint32_t>>(L));
@@ -224,24 +279,43 @@ plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, c
     auto [it, fresh] = ids.try_emplace({layer, exch, from, to}, static_cast<std::uint32_t>(p.groups_.size()));
     if (fresh) {
       p.groups_.push_back({layer, from, to, exch, {}, 0});
+      p.awaits_.emplace_back();
       (exch ? p.fwd_by_clone_[from][layer] : p.by_source_[from][layer]).push_back(it->second);
       p.recv_by_clone_[to].push_back(it->second);
     }
     auto& g = p.groups_[it->second];
     g.pieces.push_back(pi);
     g.bytes += p.pieces_[pi].length;
+    return it->second;
   };
+  const std::string policy = Reconstruct::name;
+  std::vector<std::vector<reconstruct::hop>> hops_of(clones);  // per owner, asked once
+  for (std::uint32_t o = 0; o < clones; ++o) {
+    hops_of[o] = recon.forwards(o, clones);
+    detail::check_hops(hops_of[o], o, clones, policy);
+  }
+  std::vector<std::uint32_t> via(clones);  // the group that brought the current piece to each clone rank
   for (std::uint32_t pi = 0; pi < p.pieces_.size(); ++pi) {
     auto& q = p.pieces_[pi];
     if (q.owner == piece::all_clones) {
       for (std::uint32_t c = 0; c < clones; ++c) add(q.layer, false, q.source, c, pi);
-    } else {
-      add(q.layer, false, q.source, q.owner, pi);
-      if (Reconstruct::exchanges)
-        for (std::uint32_t c = 0; c < clones; ++c)
-          if (c != q.owner) add(q.layer, true, q.owner, c, pi);
+      continue;
+    }
+    via[q.owner] = add(q.layer, false, q.source, q.owner, pi);
+    for (auto h : hops_of[q.owner]) {
+      const auto g = add(q.layer, true, h.from, h.to, pi);
+      p.awaits_[g].push_back(via[h.from]);
+      via[h.to] = g;
     }
   }
+  p.unblocks_.assign(p.groups_.size(), {});
+  for (std::uint32_t g = 0; g < p.groups_.size(); ++g) {
+    auto& a = p.awaits_[g];
+    std::sort(a.begin(), a.end());
+    a.erase(std::unique(a.begin(), a.end()), a.end());
+    for (auto d : a) p.unblocks_[d].push_back(g);
+  }
+  detail::check_forwards_acyclic(p, policy);
   detail::check_every_clone_receives_all(p, clones, std::string(Shard::name) + "/" + Reconstruct::name);
   return p;
 }

@@ -7,7 +7,8 @@
 
 #include <deepclone/deepclone.hpp>
 
-#include "../support/replica.hpp"  // replica, small_settings
+#include "../support/clone_run.hpp"  // clone_once, clone_all_sizes
+#include "../support/replica.hpp"    // replica, small_settings
 
 #include <algorithm>
 #include <atomic>
@@ -26,87 +27,8 @@ namespace {
 
 using dc::testing::replica;
 using dc::testing::small_settings;
-
-template <class Engine>
-void clone_once(int n, int m, unsigned delay_ms) {
-  using settings = typename Engine::settings;
-  const auto roles = dc::roles::contiguous(n, m);
-  dc::inproc::world world(n + m);
-  std::atomic<int> clones_done{0};
-  std::mutex mu;
-  std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(m));
-  std::vector<dc::metadata> meta(static_cast<std::size_t>(m));
-  std::vector<std::uint64_t> k(static_cast<std::size_t>(m));
-  std::vector<dc::report> reports(static_cast<std::size_t>(m));
-  world.run([&](dc::inproc::communicator& comm) {
-    replica r;
-    if (comm.rank() < n) {
-      typename Engine::template source<dc::raw_view<std::uint8_t>> src(comm, roles, r.state, small_settings::make<settings>());
-      int after = 0;
-      for (std::uint64_t step = 0; step < 400 && after < 3; ++step) {
-        r.iterate(&src, step);
-        dc::barrier(comm, roles.sources, 10);  // the sources' gradient allreduce
-        src.end_iteration(step);
-        int done = clones_done.load();
-        dc::allreduce_sum(comm, roles.sources, std::span<int>(&done, 1), 12);  // all stop together
-        if (done == m * n) ++after;
-      }
-      src.finish();
-      CHECK_MESSAGE(src.sessions_completed() == 1, "source " << comm.rank() << ": "
-                                                   << (src.last_error() ? src.last_error()->what : "no session"));
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-      typename Engine::template clone<dc::raw_view<std::uint8_t>> dst(comm, roles, r.state, small_settings::make<settings>());
-      dst.request();
-      dst.wait_layer(0);
-      dst.wait();
-      auto rep = dst.report();
-      auto j = static_cast<std::size_t>(comm.rank() - n);
-      std::lock_guard g(mu);
-      got[j] = r.bytes();
-      meta[j] = dst.metadata();
-      k[j] = rep.iteration;
-      reports[j] = rep;
-      clones_done += n;
-    }
-  });
-  for (int j = 0; j < m; ++j) {
-    CAPTURE(j);
-    // The expected state of iteration k, replayed from scratch.
-    replica want;
-    want.become(k[j]);
-    want.state.metadata().step = k[j];
-    CHECK(k[j] == k[0]);
-    CHECK(got[j] == want.bytes());
-    CHECK(meta[j] == want.state.metadata());
-    const auto& rep = reports[j];
-    CHECK(rep.state_bytes == want.bytes().size());
-    CHECK(rep.sources.size() == static_cast<std::size_t>(n));
-    CHECK(rep.clones.size() == static_cast<std::size_t>(m));
-    std::uint64_t received = 0;
-    for (auto& c : rep.clones) received += c.bytes_from_sources + c.bytes_from_clones;
-    CHECK(received == rep.state_bytes * static_cast<std::uint64_t>(m));
-    std::uint64_t sent = 0;
-    for (auto& s : rep.sources) sent += s.bytes_sent;
-    std::uint64_t from_sources = 0;
-    for (auto& c : rep.clones) from_sources += c.bytes_from_sources;
-    CHECK(sent == from_sources);
-    CHECK(rep.readiness_s >= rep.first_layer_s);
-    CHECK(rep.layer_ready_s.size() == 5);
-  }
-}
-
-template <class Engine>
-void clone_all_sizes() {
-  unsigned delay = 0;
-  for (int n = 1; n <= 4; ++n)
-    for (int m = 1; m <= 3; ++m) {
-      CAPTURE(n);
-      CAPTURE(m);
-      clone_once<Engine>(n, m, delay);
-      delay = (delay + 7) % 20;  // clones that ask while the sources are already well under way
-    }
-}
+using dc::testing::clone_all_sizes;
+using dc::testing::clone_once;
 
 using comm = dc::inproc::communicator;
 template <class Shard, class Pipeline>

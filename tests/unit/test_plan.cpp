@@ -18,9 +18,11 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
-#include "../support/models.hpp"  // tests/support is not on the include path (see report)
+#include "../support/models.hpp"
+#include "../support/policies.hpp"  // tests/support is not on the include path (see report)
 
 namespace dc = deepclone;
 
@@ -158,6 +160,10 @@ void check_load_bound(const dc::plan& p, const dc::layout& lay, std::uint32_t n,
   }
 }
 
+/// The built-in policy whose owners forward every piece they own (flat, owner -> all).
+template <class Recon>
+constexpr bool owner_forwards = std::is_same_v<Recon, dc::reconstruct::scatter_exchange>;
+
 template <class Shard, class Recon>
 void check_plan(const dc::plan& p, const dc::layout& lay, std::uint32_t n, std::uint32_t m, const Shard& shard,
                 const Recon& recon, const dc::plan_options& opt, bool byte_level) {
@@ -192,7 +198,7 @@ void check_plan(const dc::plan& p, const dc::layout& lay, std::uint32_t n, std::
               q.offset % dc::dtype_size(d.type) == 0 && q.offset % align == 0 && q.offset % g == 0 &&
               (end == d.bytes || (end % dc::dtype_size(d.type) == 0 && end % align == 0)) &&
               q.length <= std::max(opt.max_piece_bytes, g) &&
-              (Recon::exchanges ? q.owner < m : q.owner == dc::piece::all_clones);
+              (owner_forwards<Recon> ? q.owner < m : q.owner == dc::piece::all_clones);
     if (!ok) {
       FAIL_CHECK("bad piece: tensor " << q.tensor << " (" << dc::dtype_name(d.type) << ", " << d.bytes << " B) ["
                                       << q.offset << ", " << end << ") layer " << q.layer << " source " << q.source
@@ -212,7 +218,7 @@ void check_plan(const dc::plan& p, const dc::layout& lay, std::uint32_t n, std::
     std::string why;
     if (!keys.insert({g.layer, g.exchange, g.from, g.to}).second) why += " duplicate (layer, kind, from, to);";
     if (g.to >= m) why += " receiver out of range;";
-    if (g.exchange ? (g.from >= m || g.from == g.to || !Recon::exchanges) : g.from >= n) why += " bad sender;";
+    if (g.exchange ? (g.from >= m || g.from == g.to || !owner_forwards<Recon>) : g.from >= n) why += " bad sender;";
     if (g.pieces.empty()) why += " no pieces;";
     if (!std::is_sorted(g.pieces.begin(), g.pieces.end()) ||
         std::adjacent_find(g.pieces.begin(), g.pieces.end()) != g.pieces.end())
@@ -275,7 +281,7 @@ void check_plan(const dc::plan& p, const dc::layout& lay, std::uint32_t n, std::
     // A clone forwards only pieces it received from a source.
     for (std::size_t l = 0; l < lay.layer_count(); ++l) {
       auto fwd = p.forwarded_by_clone(c, l);
-      if (!Recon::exchanges) CHECK(fwd.empty());
+      if (!owner_forwards<Recon>) CHECK(fwd.empty());
       for (auto gi : fwd) {
         auto& g = p.groups()[gi];
         CHECK(g.exchange);
@@ -287,17 +293,17 @@ void check_plan(const dc::plan& p, const dc::layout& lay, std::uint32_t n, std::
     }
     const auto from_src = p.bytes_received_by_clone(c, false), from_cl = p.bytes_received_by_clone(c, true);
     CHECK(from_src + from_cl == S);
-    if (!Recon::exchanges) CHECK(from_cl == 0);
+    if (!owner_forwards<Recon>) CHECK(from_cl == 0);
     from_sources_total += from_src;
   }
   // Bytes leaving the sources: every byte once per clone rank (direct), or once (scatter).
   std::uint64_t sent = 0;
   for (std::uint32_t s = 0; s < n; ++s) {
     sent += p.bytes_sent_by_source(s);
-    if (!Recon::exchanges) CHECK(p.bytes_sent_by_source(s) == p.bytes_of_source(s) * m);
+    if (!owner_forwards<Recon>) CHECK(p.bytes_sent_by_source(s) == p.bytes_of_source(s) * m);
   }
   CHECK(sent == from_sources_total);
-  CHECK(sent == (Recon::exchanges ? S : S * m));
+  CHECK(sent == (owner_forwards<Recon> ? S : S * m));
 
   check_load_bound(p, lay, n, shard, opt);
 }
@@ -509,12 +515,12 @@ namespace {
 struct owner_only {
   static constexpr std::uint32_t id = 90;
   static constexpr const char* name = "owner_only";
-  static constexpr bool exchanges = false;
   std::uint64_t param() const { return 0; }
   std::vector<dc::piece> assign_owners(std::vector<dc::piece> pieces, const dc::layout&, std::uint32_t m, std::uint64_t) const {
     for (std::size_t i = 0; i < pieces.size(); ++i) pieces[i].owner = static_cast<std::uint32_t>(i % m);
     return pieces;
   }
+  std::vector<dc::reconstruct::hop> forwards(std::uint32_t, std::uint32_t) const { return {}; }
 };
 }  // namespace
 
@@ -532,6 +538,71 @@ TEST_CASE("plan: a reconstruction that leaves a clone rank without some bytes is
     CHECK_MESSAGE(what.find("clone rank") != std::string::npos, what);
     CHECK_MESSAGE(what.find("never receives") != std::string::npos, what);
     CHECK_MESSAGE(what.find("bytes [") != std::string::npos, what);
+  }
+}
+
+TEST_CASE("plan: a user-written relay chain reaches every clone rank once, each forward awaiting what brought its pieces") {
+  const auto lay = dc::testing::load_model(DEEPCLONE_MODELS_DIR, "resnet50");
+  for (std::uint32_t m = 1; m <= 5; ++m) {
+    CAPTURE(m);
+    const auto p = dc::make_plan(lay, 3, m, dc::shard::split_even{}, dc::testing::relay_chain{});
+    std::uint64_t from_sources = 0;
+    for (std::uint32_t c = 0; c < m; ++c) {
+      from_sources += p.bytes_received_by_clone(c, false);
+      CHECK(p.bytes_received_by_clone(c, false) + p.bytes_received_by_clone(c, true) == lay.total_bytes());
+    }
+    CHECK(from_sources == lay.total_bytes());  // every byte leaves the sources once
+    for (std::uint32_t gi = 0; gi < p.groups().size(); ++gi) {
+      const auto& g = p.groups()[gi];
+      if (!g.exchange) {
+        CHECK(p.awaits(gi).empty());
+        continue;
+      }
+      CHECK((g.to == g.from + 1 || g.to + 1 == g.from));  // neighbours only
+      // It awaits exactly the groups clone g.from receives that hold its pieces.
+      std::set<std::uint32_t> want;
+      for (auto pi : g.pieces)
+        for (auto r : p.received_by_clone(g.from)) {
+          const auto& rg = p.groups()[r];
+          if (std::find(rg.pieces.begin(), rg.pieces.end(), pi) != rg.pieces.end()) want.insert(r);
+        }
+      const auto a = p.awaits(gi);
+      CHECK(std::set<std::uint32_t>(a.begin(), a.end()) == want);
+      for (auto r : a) {
+        const auto u = p.unblocks(r);
+        CHECK(std::count(u.begin(), u.end(), gi) == 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("plan: forwards that wait on each other in a cycle are refused, naming the policy and the layer") {
+  const auto lay = dc::testing::load_model(DEEPCLONE_MODELS_DIR, "resnet50");
+  // Two clone ranks: the ring is one hop per piece, no cycle.
+  CHECK_NOTHROW(dc::make_plan(lay, 2, 2, dc::shard::split_even{}, dc::testing::relay_ring{}));
+  try {
+    dc::make_plan(lay, 2, 3, dc::shard::split_even{}, dc::testing::relay_ring{});
+    FAIL("a cyclic forwarding topology was accepted");
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::invalid_argument);
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("relay_ring") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("cycle") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("of layer") != std::string::npos, what);
+  }
+}
+
+TEST_CASE("plan: a forward from a clone rank that does not hold the piece yet is refused") {
+  const auto lay = dc::testing::load_model(DEEPCLONE_MODELS_DIR, "resnet50");
+  CHECK_NOTHROW(dc::make_plan(lay, 2, 2, dc::shard::split_even{}, dc::testing::relay_out_of_order{}));
+  try {
+    dc::make_plan(lay, 2, 4, dc::shard::split_even{}, dc::testing::relay_out_of_order{});
+    FAIL("a forward out of dependency order was accepted");
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::invalid_argument);
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("relay_out_of_order") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("does not hold the piece yet") != std::string::npos, what);
   }
 }
 

@@ -44,7 +44,7 @@ std::uint64_t xxh(std::span<const std::byte> b) { return dc::checksum::xxh3::com
 
 TEST_CASE("checksum::xxh3 is a checksum policy with its own id") {
   using P = dc::checksum::xxh3;
-  static_assert(dc::detail::checksum_policy<P>);
+  static_assert(dc::checksum_policy<P>);
   static_assert(P::id == 2);
   static_assert(P::id != dc::checksum::none::id && P::id != dc::checksum::mix64::id);
   static_assert(noexcept(P::compute(std::span<const std::byte>{})));
