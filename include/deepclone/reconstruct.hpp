@@ -17,7 +17,8 @@
 /// hold the piece yet, a clone rank that receives a byte twice or never, and forwards that
 /// wait on each other in a cycle (a clone rank forwards a layer's group to a peer once it
 /// holds every piece of that group). A user policy is any type with these members; see
-/// tests/unit/test_policies.cpp for a chain that relays pieces along the clone ranks.
+/// tests/support/policies.hpp for a chain that relays pieces along the clone ranks (run by
+/// unit.policies).
 
 #include <cstdint>
 #include <vector>

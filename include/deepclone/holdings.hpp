@@ -1,0 +1,262 @@
+#pragma once
+/// \file holdings.hpp
+/// Partitioned training state (ZeRO, FSDP, tensor and pipeline parallelism): which part of
+/// each tensor of the *global* layout a rank holds or wants, and the pure plan that moves
+/// every wanted byte from a source holding it. This header is the planner only; the
+/// engines do not use it yet (issue 12: the engine wiring, failover and packing follow).
+///
+/// A rank declares, per global tensor, a list of parts, each stored densely in the rank's
+/// own tensor from `local_offset` on: all of it (replicated), a flat element range of the
+/// flattened tensor (ZeRO/FSDP, uneven sizes allowed) or a box (start and count per
+/// dimension, as HDF5 and ADIOS2 select; tensor-parallel splits). No part: the rank holds
+/// nothing of that tensor (another pipeline stage). Every part becomes byte *runs* of the
+/// row-major global tensor; the plan intersects the sources' runs with the clones' runs.
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "layout.hpp"
+#include "piece.hpp"
+
+namespace deepclone {
+
+/// One part of a global tensor that a rank holds or wants.
+struct part {
+  enum class shape_kind { whole, flat, box };
+  shape_kind kind = shape_kind::whole;
+  std::uint64_t begin = 0, end = 0;                  ///< flat: elements [begin, end) of the flattened tensor
+  std::vector<std::uint64_t> start, count;           ///< box: per dimension
+  std::uint64_t local_offset = 0;                    ///< bytes into the rank's own tensor where the part starts
+
+  static part whole(std::uint64_t local = 0) { return {shape_kind::whole, 0, 0, {}, {}, local}; }
+  static part flat(std::uint64_t first, std::uint64_t last, std::uint64_t local = 0) {
+    return {shape_kind::flat, first, last, {}, {}, local};
+  }
+  static part box(std::vector<std::uint64_t> first, std::vector<std::uint64_t> extent, std::uint64_t local = 0) {
+    return {shape_kind::box, 0, 0, std::move(first), std::move(extent), local};
+  }
+};
+
+/// What one rank holds (a source) or wants (a clone rank): parts per global tensor (flat
+/// index of the global layout); an empty list means none of that tensor.
+struct holdings {
+  std::vector<std::vector<part>> of_tensor;
+  explicit holdings(std::size_t tensors = 0) : of_tensor(tensors) {}
+  /// Every tensor whole: today's replicated case.
+  static holdings replicated(const layout& l) {
+    holdings h(l.tensor_count());
+    for (auto& p : h.of_tensor) p.push_back(part::whole());
+    return h;
+  }
+};
+
+/// A contiguous byte range of a global tensor and where it lies in a rank's own tensor.
+struct byte_run {
+  std::uint64_t global = 0, length = 0, local = 0;
+  std::uint64_t global_end() const { return global + length; }
+};
+
+/// One transfer of the partitioned plan: `length` bytes of global tensor `tensor` from
+/// `global` on, read by source `source` at `source_offset` of its own tensor and written
+/// by clone rank `clone` at `clone_offset` of its own.
+struct region_transfer {
+  std::uint32_t tensor = 0, layer = 0;
+  std::uint64_t global = 0, length = 0;
+  std::uint32_t source = 0, clone = 0;
+  std::uint64_t source_offset = 0, clone_offset = 0;
+  bool operator==(const region_transfer&) const = default;
+};
+
+namespace detail {
+
+inline std::string tensor_label(const layout& l, std::uint32_t t) { return "tensor '" + l.tensor(t).name + "'"; }
+
+/// The global shape in elements (a tensor without a shape is one-dimensional).
+inline std::vector<std::uint64_t> global_dims(const tensor_desc& d) {
+  std::vector<std::uint64_t> dims;
+  for (auto x : d.shape) dims.push_back(static_cast<std::uint64_t>(x));
+  if (dims.empty()) dims.push_back(d.bytes / dtype_size(d.type));
+  return dims;
+}
+
+/// The rows of a box (contiguous along the last dimension), merged where consecutive rows
+/// are contiguous in the global tensor, as runs in bytes. Local bytes are dense, row-major.
+inline void box_runs(const part& p, const std::vector<std::uint64_t>& dims, std::uint64_t esize, std::vector<byte_run>& out) {
+  const std::size_t nd = dims.size();
+  std::vector<std::uint64_t> stride(nd, 1);
+  for (std::size_t d = nd - 1; d-- > 0;) stride[d] = stride[d + 1] * dims[d + 1];
+  for (auto c : p.count)
+    if (c == 0) return;
+  std::vector<std::uint64_t> idx(nd, 0);  // over all dims but the last
+  std::uint64_t local = p.local_offset;
+  const std::uint64_t row = p.count[nd - 1] * esize;
+  while (true) {
+    std::uint64_t g = 0;
+    for (std::size_t d = 0; d < nd; ++d) g += (p.start[d] + idx[d]) * stride[d];
+    g *= esize;
+    if (!out.empty() && out.back().global_end() == g && out.back().local + out.back().length == local)
+      out.back().length += row;
+    else
+      out.push_back({g, row, local});
+    local += row;
+    std::size_t d = nd - 1;
+    while (d-- > 0 && ++idx[d] == p.count[d]) idx[d] = 0;
+    if (d == static_cast<std::size_t>(-1)) return;
+  }
+}
+
+/// A part as byte runs of the global tensor, checked against the tensor's shape.
+inline void part_runs(const layout& l, std::uint32_t t, const part& p, const std::string& who, std::vector<byte_run>& out) {
+  const auto& d = l.tensor(t);
+  const std::uint64_t es = dtype_size(d.type), elems = d.bytes / es;
+  auto bad = [&](const std::string& why) {
+    throw error(errc::invalid_argument, who + ": " + tensor_label(l, t) + ": " + why);
+  };
+  switch (p.kind) {
+    case part::shape_kind::whole:
+      if (d.bytes) out.push_back({0, d.bytes, p.local_offset});
+      return;
+    case part::shape_kind::flat:
+      if (p.begin > p.end || p.end > elems)
+        bad("flat range [" + std::to_string(p.begin) + ", " + std::to_string(p.end) + ") is not within its " +
+            std::to_string(elems) + " elements");
+      if (p.end > p.begin) out.push_back({p.begin * es, (p.end - p.begin) * es, p.local_offset});
+      return;
+    case part::shape_kind::box: {
+      const auto dims = global_dims(d);
+      if (p.start.size() != dims.size() || p.count.size() != dims.size())
+        bad("a box needs a start and a count per dimension (" + std::to_string(dims.size()) + ")");
+      for (std::size_t k = 0; k < dims.size(); ++k)
+        if (p.start[k] > dims[k] || p.count[k] > dims[k] - p.start[k])
+          bad("box start " + std::to_string(p.start[k]) + " + count " + std::to_string(p.count[k]) + " exceeds dimension " +
+              std::to_string(k) + " (" + std::to_string(dims[k]) + ")");
+      box_runs(p, dims, es, out);
+      return;
+    }
+  }
+}
+
+/// All runs of one rank's parts of tensor t, sorted by global offset; refuses a rank that
+/// declares a byte twice or two parts over the same bytes of its own tensor.
+inline std::vector<byte_run> rank_runs(const layout& l, std::uint32_t t, const std::vector<part>& parts, const std::string& who) {
+  std::vector<byte_run> runs;
+  for (auto& p : parts) part_runs(l, t, p, who, runs);
+  auto overlap = [&](auto key, const char* what) {
+    std::sort(runs.begin(), runs.end(), [&](auto& a, auto& b) { return key(a) < key(b); });
+    for (std::size_t i = 1; i < runs.size(); ++i)
+      if (key(runs[i]) < key(runs[i - 1]) + runs[i - 1].length)
+        throw error(errc::invalid_argument, who + ": " + tensor_label(l, t) + ": two parts cover the same " + what +
+                                                " (bytes from " + std::to_string(key(runs[i])) + ")");
+  };
+  overlap([](const byte_run& r) { return r.local; }, "bytes of its own tensor");
+  overlap([](const byte_run& r) { return r.global; }, "global bytes");
+  return runs;
+}
+
+/// The run of `runs` (sorted, disjoint) that holds global byte `g`, or nullptr.
+inline const byte_run* run_at(const std::vector<byte_run>& runs, std::uint64_t g) {
+  auto it = std::upper_bound(runs.begin(), runs.end(), g, [](std::uint64_t x, const byte_run& r) { return x < r.global; });
+  if (it == runs.begin()) return nullptr;
+  --it;
+  return g < it->global_end() ? &*it : nullptr;
+}
+
+/// Which source sends each byte of tensor t: cut at every source-run boundary; each range
+/// goes to its holders, split evenly (granule-aligned, rotating the remainder) when it has
+/// several. Refuses a byte no source holds, naming the range.
+struct assigned_range {
+  std::uint64_t begin = 0, end = 0;
+  std::uint32_t source = 0;
+};
+inline std::vector<assigned_range> assign_sources(const layout& l, std::uint32_t t, const std::vector<std::vector<byte_run>>& src,
+                                                  std::uint64_t granule_bytes, std::uint64_t& rotate) {
+  std::vector<std::uint64_t> cuts{0, l.tensor(t).bytes};
+  for (auto& runs : src)
+    for (auto& r : runs) cuts.insert(cuts.end(), {r.global, r.global_end()});
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  std::vector<assigned_range> out;
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const std::uint64_t b = cuts[i], e = cuts[i + 1];
+    std::vector<std::uint32_t> holders;
+    for (std::uint32_t s = 0; s < src.size(); ++s)
+      if (run_at(src[s], b)) holders.push_back(s);
+    if (holders.empty())
+      throw error(errc::invalid_argument, "partitioned state: no source holds bytes [" + std::to_string(b) + ", " +
+                                              std::to_string(e) + ") of " + tensor_label(l, t) +
+                                              " (the sources' holdings must cover every byte of the global state)");
+    const auto parts = split_range(e - b, holders.size(), granule_bytes, rotate);
+    rotate += parts.size();
+    for (std::size_t k = 0; k < parts.size(); ++k)
+      out.push_back({b + parts[k].first, b + parts[k].first + parts[k].second, holders[(k + rotate) % holders.size()]});
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// The partitioned plan: every byte each clone rank wants, from one source that holds it.
+/// A byte several sources hold (data-parallel replicas) is sent by one of them, the
+/// replicas splitting each such range evenly; all clone ranks that want a byte get it from
+/// the same source. Deterministic: every rank computes the same plan from the same holdings.
+class partition_plan {
+ public:
+  const std::vector<region_transfer>& transfers() const noexcept { return transfers_; }
+  std::uint64_t bytes_sent_by_source(std::uint32_t s) const {
+    std::uint64_t b = 0;
+    for (auto& x : transfers_) b += x.source == s ? x.length : 0;
+    return b;
+  }
+  std::uint64_t bytes_received_by_clone(std::uint32_t c) const {
+    std::uint64_t b = 0;
+    for (auto& x : transfers_) b += x.clone == c ? x.length : 0;
+    return b;
+  }
+  friend partition_plan make_partition_plan(const layout&, const std::vector<holdings>&, const std::vector<holdings>&,
+                                            std::uint64_t);
+
+ private:
+  std::vector<region_transfer> transfers_;
+};
+
+/// Computes the partitioned plan. Throws `errc::invalid_argument` naming the rank, tensor
+/// and bytes for: holdings of another tensor count, a part outside its tensor's shape, a
+/// rank declaring a byte twice, and a byte wanted by a clone rank that no source holds.
+inline partition_plan make_partition_plan(const layout& global, const std::vector<holdings>& sources,
+                                          const std::vector<holdings>& clones, std::uint64_t alignment = 256) {
+  if (sources.empty() || clones.empty()) throw error(errc::invalid_argument, "partitioned state: needs sources and clone ranks");
+  auto check_count = [&](const holdings& h, const std::string& who) {
+    if (h.of_tensor.size() != global.tensor_count())
+      throw error(errc::invalid_argument, who + " declares holdings for " + std::to_string(h.of_tensor.size()) +
+                                              " tensors; the global layout has " + std::to_string(global.tensor_count()));
+  };
+  for (std::uint32_t s = 0; s < sources.size(); ++s) check_count(sources[s], "source " + std::to_string(s));
+  for (std::uint32_t c = 0; c < clones.size(); ++c) check_count(clones[c], "clone rank " + std::to_string(c));
+  partition_plan p;
+  std::uint64_t rotate = 0;
+  for (std::uint32_t t = 0; t < global.tensor_count(); ++t) {
+    std::vector<std::vector<byte_run>> src(sources.size());
+    for (std::uint32_t s = 0; s < sources.size(); ++s)
+      src[s] = detail::rank_runs(global, t, sources[s].of_tensor[t], "source " + std::to_string(s));
+    const auto ranges = detail::assign_sources(global, t, src, granule(global.tensor(t), alignment), rotate);
+    const auto layer = static_cast<std::uint32_t>(global.layer_of(t));
+    for (std::uint32_t c = 0; c < clones.size(); ++c)
+      for (auto& want : detail::rank_runs(global, t, clones[c].of_tensor[t], "clone rank " + std::to_string(c))) {
+        // The assigned ranges overlapping this wanted run (ranges are sorted and disjoint).
+        auto it = std::upper_bound(ranges.begin(), ranges.end(), want.global,
+                                   [](std::uint64_t x, const detail::assigned_range& r) { return x < r.end; });
+        for (; it != ranges.end() && it->begin < want.global_end(); ++it) {
+          const auto b = std::max(it->begin, want.global), e = std::min(it->end, want.global_end());
+          const auto* held = detail::run_at(src[it->source], b);  // one run: the range lies within it
+          p.transfers_.push_back({t, layer, b, e - b, it->source, c, held->local + (b - held->global),
+                                  want.local + (b - want.global)});
+        }
+      }
+  }
+  return p;
+}
+
+}  // namespace deepclone

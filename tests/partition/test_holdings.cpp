@@ -1,0 +1,327 @@
+// The partitioned-state planner (holdings.hpp), checked byte by byte against an independent
+// brute-force model: for every rank, which global byte sits where in its own tensor, built
+// by enumerating element indices (not through the planner's runs). Scenarios of issue 12
+// (ZeRO-1, ZeRO-3 with uneven partitions, tensor x data parallel, pipeline stages), the
+// refusals, and randomised holdings on both sides.
+#include <doctest/doctest.h>
+
+#include <deepclone/holdings.hpp>
+
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace dc = deepclone;
+
+namespace {
+
+using dims_t = std::vector<std::uint64_t>;
+
+dc::tensor_desc tensor(std::string name, dims_t dims, dc::dtype t = dc::dtype::f32) {
+  dc::tensor_desc d{std::move(name), dc::dtype_size(t), t, {}};
+  for (auto x : dims) {
+    d.bytes *= x;
+    d.shape.push_back(static_cast<std::int64_t>(x));
+  }
+  return d;
+}
+
+/// global byte -> local byte of one rank's tensor, enumerated element by element.
+using byte_map = std::map<std::uint64_t, std::uint64_t>;
+byte_map brute_map(const dc::tensor_desc& d, const std::vector<dc::part>& parts) {
+  const std::uint64_t es = dc::dtype_size(d.type);
+  dims_t dims;
+  for (auto x : d.shape) dims.push_back(static_cast<std::uint64_t>(x));
+  byte_map m;
+  auto put = [&](std::uint64_t elem, std::uint64_t local) {
+    for (std::uint64_t b = 0; b < es; ++b) m[elem * es + b] = local + b;
+  };
+  for (auto& p : parts) {
+    if (p.kind == dc::part::shape_kind::whole)
+      for (std::uint64_t e = 0; e < d.bytes / es; ++e) put(e, p.local_offset + e * es);
+    else if (p.kind == dc::part::shape_kind::flat)
+      for (std::uint64_t e = p.begin; e < p.end; ++e) put(e, p.local_offset + (e - p.begin) * es);
+    else {
+      const std::uint64_t n = std::accumulate(p.count.begin(), p.count.end(), std::uint64_t{1}, std::multiplies<>());
+      for (std::uint64_t i = 0; i < n; ++i) {  // i: dense row-major index inside the box
+        std::uint64_t rest = i, global = 0, stride = 1;
+        dims_t idx(dims.size());
+        for (std::size_t k = dims.size(); k-- > 0;) {
+          idx[k] = rest % p.count[k];
+          rest /= p.count[k];
+        }
+        for (std::size_t k = dims.size(); k-- > 0;) {
+          global += (p.start[k] + idx[k]) * stride;
+          stride *= dims[k];
+        }
+        put(global, p.local_offset + i * es);
+      }
+    }
+  }
+  return m;
+}
+
+/// Every byte a clone rank wants arrives exactly once, at the right place, from a source
+/// that holds it at the offset the transfer names; nothing unwanted arrives.
+void check_plan(const dc::partition_plan& p, const dc::layout& lay, const std::vector<dc::holdings>& src,
+                const std::vector<dc::holdings>& dst) {
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+    CAPTURE(lay.tensor(t).name);
+    std::vector<byte_map> held, wanted;
+    for (auto& h : src) held.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
+    for (auto& h : dst) wanted.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
+    std::vector<std::map<std::uint64_t, int>> got(dst.size());
+    bool ok = true;
+    for (auto& x : p.transfers()) {
+      if (x.tensor != t) continue;
+      ok = ok && x.layer == lay.layer_of(t) && x.length > 0;
+      for (std::uint64_t i = 0; i < x.length && ok; ++i) {
+        auto s = held[x.source].find(x.global + i);
+        auto c = wanted[x.clone].find(x.global + i);
+        ok = s != held[x.source].end() && s->second == x.source_offset + i && c != wanted[x.clone].end() &&
+             c->second == x.clone_offset + i;
+        ++got[x.clone][x.global + i];
+      }
+    }
+    CHECK_MESSAGE(ok, "a transfer reads a byte its source does not hold there, or writes one its clone does not want there");
+    for (std::size_t c = 0; c < dst.size(); ++c) {
+      CAPTURE(c);
+      bool once = got[c].size() == wanted[c].size();
+      for (auto& [g, n] : got[c]) once = once && n == 1;
+      CHECK_MESSAGE(once, "clone rank " << c << " gets " << got[c].size() << " distinct bytes of " << wanted[c].size() << " wanted");
+    }
+  }
+}
+
+/// Element range [b, e) of the flattened tensor split unevenly over `n` ranks (rank i gets
+/// a share proportional to i + 1), as flat parts.
+std::vector<dc::part> uneven_flat(const dc::tensor_desc& d, std::uint32_t n, std::uint32_t i) {
+  const std::uint64_t elems = d.bytes / dc::dtype_size(d.type), total = n * (n + 1) / 2;
+  std::uint64_t b = 0;
+  for (std::uint32_t k = 0; k < i; ++k) b += elems * (k + 1) / total;
+  const std::uint64_t e = i + 1 == n ? elems : b + elems * (i + 1) / total;
+  return {dc::part::flat(b, e)};
+}
+
+dc::layout two_layer_model() {
+  dc::layout l;
+  l.add_layer({"fc1", {tensor("weight", {64, 48}), tensor("bias", {64}), tensor("weight.adam_m", {64, 48})}});
+  l.add_layer({"fc2", {tensor("weight", {48, 64}), tensor("bias", {48}), tensor("weight.adam_m", {48, 64})}});
+  return l;
+}
+bool is_slot(const std::string& name) { return name.find("adam") != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("partition: replicated on both sides is today's case, each source sending about S*M/N") {
+  const auto lay = two_layer_model();
+  std::vector<dc::holdings> src(4, dc::holdings::replicated(lay)), dst(2, dc::holdings::replicated(lay));
+  const auto p = dc::make_partition_plan(lay, src, dst, 4);
+  check_plan(p, lay, src, dst);
+  for (std::uint32_t s = 0; s < 4; ++s) CHECK(p.bytes_sent_by_source(s) == doctest::Approx(lay.total_bytes() * 2 / 4.0).epsilon(0.05));
+}
+
+TEST_CASE("partition: ZeRO-1 over N=4 (slots flat-partitioned, uneven) into M=2 replicated") {
+  const auto lay = two_layer_model();
+  std::vector<dc::holdings> src(4, dc::holdings(lay.tensor_count())), dst(2, dc::holdings::replicated(lay));
+  std::uint64_t slot_bytes = 0;
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+    const bool slot = is_slot(lay.tensor(t).name);
+    slot_bytes += slot ? lay.tensor(t).bytes : 0;
+    for (std::uint32_t s = 0; s < 4; ++s)
+      src[s].of_tensor[t] = slot ? uneven_flat(lay.tensor(t), 4, s) : std::vector<dc::part>{dc::part::whole()};
+  }
+  const auto p = dc::make_partition_plan(lay, src, dst);
+  check_plan(p, lay, src, dst);
+  // Each source sends its own slot partition (to both clones) and a quarter of the replicated
+  // parameters: held bytes / replication factor, per clone rank.
+  for (std::uint32_t s = 0; s < 4; ++s) {
+    std::uint64_t own_slots = 0;
+    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t)
+      if (is_slot(lay.tensor(t).name)) own_slots += src[s].of_tensor[t][0].end * 4 - src[s].of_tensor[t][0].begin * 4;
+    const double want = 2.0 * (own_slots + (lay.total_bytes() - slot_bytes) / 4.0);
+    CHECK(p.bytes_sent_by_source(s) == doctest::Approx(want).epsilon(0.05));
+  }
+}
+
+TEST_CASE("partition: ZeRO-3 N=4 into ZeRO-3 M=2, uneven flat partitions on both sides") {
+  const auto lay = two_layer_model();
+  std::vector<dc::holdings> src(4, dc::holdings(lay.tensor_count())), dst(2, dc::holdings(lay.tensor_count()));
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+    for (std::uint32_t s = 0; s < 4; ++s) src[s].of_tensor[t] = uneven_flat(lay.tensor(t), 4, s);
+    for (std::uint32_t c = 0; c < 2; ++c) dst[c].of_tensor[t] = uneven_flat(lay.tensor(t), 2, 1 - c);
+  }
+  const auto p = dc::make_partition_plan(lay, src, dst);
+  check_plan(p, lay, src, dst);
+  std::uint64_t sent = 0;
+  for (std::uint32_t s = 0; s < 4; ++s) sent += p.bytes_sent_by_source(s);
+  CHECK(sent == lay.total_bytes());  // every byte moves once: one holder, one wanter
+}
+
+TEST_CASE("partition: tensor parallel 2 x data parallel 2 (column and row splits) into TP1 on M=3") {
+  const auto lay = two_layer_model();
+  // Sources 0,1: TP ranks of replica 0; 2,3: of replica 1. fc1 is column-parallel (split
+  // along dim 0 of [out, in]); fc2 row-parallel (split along dim 1: rows not contiguous).
+  std::vector<dc::holdings> src(4, dc::holdings(lay.tensor_count())), dst(3, dc::holdings::replicated(lay));
+  for (std::uint32_t s = 0; s < 4; ++s) {
+    const std::uint64_t tp = s % 2;
+    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+      const auto& d = lay.tensor(t);
+      const dims_t dims{static_cast<std::uint64_t>(d.shape[0]), d.shape.size() > 1 ? static_cast<std::uint64_t>(d.shape[1]) : 1};
+      if (d.shape.size() == 1)
+        src[s].of_tensor[t] = lay.layer_of(t) == 0 ? std::vector<dc::part>{dc::part::box({tp * dims[0] / 2}, {dims[0] / 2})}
+                                                   : std::vector<dc::part>{dc::part::whole()};  // row-parallel bias: replicated
+      else if (lay.layer_of(t) == 0)
+        src[s].of_tensor[t] = {dc::part::box({tp * dims[0] / 2, 0}, {dims[0] / 2, dims[1]})};
+      else
+        src[s].of_tensor[t] = {dc::part::box({0, tp * dims[1] / 2}, {dims[0], dims[1] / 2})};
+    }
+  }
+  const auto p = dc::make_partition_plan(lay, src, dst);
+  check_plan(p, lay, src, dst);
+  // Each source holds S/2 (+ the replicated bias) and shares it with its replica twin: it
+  // sends about held / 2 to each of the 3 clone ranks.
+  for (std::uint32_t s = 0; s < 4; ++s) CHECK(p.bytes_sent_by_source(s) == doctest::Approx(3.0 * lay.total_bytes() / 4).epsilon(0.05));
+}
+
+TEST_CASE("partition: pipeline 2 stages x data parallel 2 into 2 stages on M=2, and into one stage") {
+  const auto lay = two_layer_model();
+  std::vector<dc::holdings> src(4, dc::holdings(lay.tensor_count()));
+  for (std::uint32_t s = 0; s < 4; ++s)
+    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t)
+      if (lay.layer_of(t) == s / 2) src[s].of_tensor[t] = {dc::part::whole()};  // sources 0,1: stage 0
+  SUBCASE("two stages: each clone rank receives only its stage's layers, from that stage's sources") {
+    std::vector<dc::holdings> dst(2, dc::holdings(lay.tensor_count()));
+    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) dst[lay.layer_of(t)].of_tensor[t] = {dc::part::whole()};
+    const auto p = dc::make_partition_plan(lay, src, dst);
+    check_plan(p, lay, src, dst);
+    for (auto& x : p.transfers()) {
+      CHECK(x.layer == x.clone);
+      CHECK(x.source / 2 == x.clone);
+    }
+    CHECK(p.bytes_received_by_clone(0) == lay.layer_bytes(0));
+  }
+  SUBCASE("one stage: both clone ranks receive everything") {
+    std::vector<dc::holdings> dst(2, dc::holdings::replicated(lay));
+    check_plan(dc::make_partition_plan(lay, src, dst), lay, src, dst);
+  }
+}
+
+TEST_CASE("partition: holdings that leave a region uncovered are refused, naming the tensor and the bytes") {
+  const auto lay = two_layer_model();
+  std::vector<dc::holdings> src(2, dc::holdings::replicated(lay)), dst(1, dc::holdings::replicated(lay));
+  const auto t = 2u;  // fc1 weight.adam_m: sources hold elements [0, 100) and [200, end) only
+  src[0].of_tensor[t] = {dc::part::flat(0, 100)};
+  src[1].of_tensor[t] = {dc::part::flat(200, 64 * 48)};
+  try {
+    dc::make_partition_plan(lay, src, dst);
+    FAIL("an uncovered region was accepted");
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::invalid_argument);
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("'weight.adam_m'") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("bytes [400, 800)") != std::string::npos, what);
+  }
+}
+
+TEST_CASE("partition: parts outside the shape, declared twice, or for another tensor count are refused") {
+  const auto lay = two_layer_model();
+  auto refused = [&](std::vector<dc::holdings> src, std::vector<dc::holdings> dst, const std::string& needle) {
+    try {
+      dc::make_partition_plan(lay, src, dst);
+      FAIL("accepted; expected a refusal with: " << needle);
+    } catch (const dc::error& e) {
+      CHECK(e.kind() == dc::errc::invalid_argument);
+      CHECK_MESSAGE(std::string(e.what()).find(needle) != std::string::npos, e.what());
+    }
+  };
+  const auto all = dc::holdings::replicated(lay);
+  auto box_out = all;
+  box_out.of_tensor[0] = {dc::part::box({60, 0}, {8, 48})};
+  refused({box_out}, {all}, "exceeds dimension 0");
+  auto box_rank = all;
+  box_rank.of_tensor[0] = {dc::part::box({0}, {64})};
+  refused({all}, {box_rank}, "a start and a count per dimension");
+  auto twice = all;
+  twice.of_tensor[1] = {dc::part::flat(0, 40), dc::part::flat(30, 64, 160)};
+  refused({all}, {twice}, "clone rank 0: tensor 'bias': two parts cover the same global bytes");
+  auto alias = all;
+  alias.of_tensor[1] = {dc::part::flat(0, 32), dc::part::flat(32, 64, 64)};
+  refused({alias}, {all}, "two parts cover the same bytes of its own tensor");
+  refused({dc::holdings(2)}, {all}, "declares holdings for 2 tensors");
+  auto flat_out = all;
+  flat_out.of_tensor[4] = {dc::part::flat(0, 49)};
+  refused({all}, {flat_out}, "is not within its 48 elements");
+}
+
+TEST_CASE("partition: randomised holdings on both sides, every wanted byte exactly once from a holder") {
+  std::mt19937_64 rng(12);
+  auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
+  for (int round = 0; round < 60; ++round) {
+    CAPTURE(round);
+    dc::layout lay;
+    const auto tensors = 1 + pick(4);
+    std::vector<dc::tensor_desc> ts;
+    for (std::uint64_t i = 0; i < tensors; ++i) {
+      dims_t dims;
+      for (auto r = 1 + pick(3); r-- > 0;) dims.push_back(1 + pick(9));
+      ts.push_back(tensor("t" + std::to_string(i), dims, pick(2) ? dc::dtype::f32 : dc::dtype::f16));
+    }
+    lay.add_layer({"a", {ts.begin(), ts.begin() + static_cast<std::ptrdiff_t>((tensors + 1) / 2)}});
+    lay.add_layer({"b", {ts.begin() + static_cast<std::ptrdiff_t>((tensors + 1) / 2), ts.end()}});
+    const auto n = static_cast<std::uint32_t>(1 + pick(4)), m = static_cast<std::uint32_t>(1 + pick(3));
+    // A random partition of a tensor into `k` parts: whole, flat cuts, or boxes along one dimension.
+    auto partition = [&](const dc::tensor_desc& d, std::uint32_t k) {
+      std::vector<std::vector<dc::part>> out(k);
+      const std::uint64_t elems = d.bytes / dc::dtype_size(d.type);
+      switch (pick(3)) {
+        case 0: out[pick(k)].push_back(dc::part::whole()); break;
+        case 1: {
+          std::vector<std::uint64_t> cut{0, elems};
+          for (std::uint32_t i = 1; i < k; ++i) cut.push_back(pick(elems + 1));
+          std::sort(cut.begin(), cut.end());
+          for (std::uint32_t i = 0; i + 1 < cut.size(); ++i) out[pick(k)].push_back(dc::part::flat(cut[i], cut[i + 1]));
+          break;
+        }
+        default: {
+          dims_t dims;
+          for (auto x : d.shape) dims.push_back(static_cast<std::uint64_t>(x));
+          const auto dim = pick(dims.size());
+          for (std::uint64_t b = 0; b < dims[dim];) {
+            const auto len = 1 + pick(dims[dim] - b);
+            dims_t start(dims.size(), 0), count = dims;
+            start[dim] = b;
+            count[dim] = len;
+            out[pick(k)].push_back(dc::part::box(start, count));
+            b += len;
+          }
+        }
+      }
+      for (auto& parts : out) {  // dense local storage, parts one after the other
+        std::uint64_t at = 0;
+        for (auto& p : parts) {
+          p.local_offset = at;
+          at += brute_map(d, {p}).size();
+        }
+      }
+      return out;
+    };
+    // Sources: `replicas` groups, each group partitioning every tensor among its members.
+    const auto replicas = static_cast<std::uint32_t>(1 + pick(n));
+    std::vector<dc::holdings> src(n, dc::holdings(lay.tensor_count())), dst(m, dc::holdings(lay.tensor_count()));
+    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+      for (std::uint32_t g = 0; g < replicas; ++g) {
+        std::vector<std::uint32_t> members;
+        for (std::uint32_t s = g; s < n; s += replicas) members.push_back(s);
+        auto parts = partition(lay.tensor(t), static_cast<std::uint32_t>(members.size()));
+        for (std::size_t i = 0; i < members.size(); ++i) src[members[i]].of_tensor[t] = parts[i];
+      }
+      auto wants = partition(lay.tensor(t), m);
+      for (std::uint32_t c = 0; c < m; ++c) dst[c].of_tensor[t] = pick(4) ? wants[c] : std::vector<dc::part>{dc::part::whole()};
+    }
+    check_plan(dc::make_partition_plan(lay, src, dst, 1 + pick(8)), lay, src, dst);
+  }
+}
