@@ -22,9 +22,10 @@ if [[ $what == asan || $what == all ]]; then
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" >/dev/null
   units=(plan transport agreement errors training failover link spill)
   [[ -f /usr/include/xxhash.h ]] && units+=(xxhash)
-  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.reuse fault.campaign "${units[@]/#/unit.}"
+  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.reuse fault.campaign partition.plan "${units[@]/#/unit.}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   for t in "${units[@]}"; do run "$b/tests/unit/unit.$t"; done
+  run "$b/tests/partition/partition.plan"
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*silenced coordinator*'
   run "$b/tests/fault/fault.input" -tce='*64 MiB*'
