@@ -304,7 +304,8 @@ plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, c
     via[q.owner] = add(q.layer, false, q.source, q.owner, pi);
     for (auto h : hops_of[q.owner]) {
       const auto g = add(q.layer, true, h.from, h.to, pi);
-      p.awaits_[g].push_back(via[h.from]);
+      auto& a = p.awaits_[g];
+      if (a.empty() || a.back() != via[h.from]) a.push_back(via[h.from]);  // consecutive pieces share it
       via[h.to] = g;
     }
   }
