@@ -11,6 +11,7 @@ template <class Engine>
 record run_engine(context& c, typename Engine::settings settings, const std::string& strategy) {
   const int N = c.cfg.sources, M = c.cfg.clones;
   const auto roles = deepclone::roles::contiguous(N, M);
+#include <type_traits>
   using source_t = typename Engine::template source<std::vector<float>>;
   using clone_t = typename Engine::template clone<std::vector<float>>;
   run_shared sh;
@@ -74,7 +75,7 @@ record run_engine(context& c, typename Engine::settings settings, const std::str
           if (sh.iteration_done(*i, tr.step, flags[1] > 0, M, c.cfg.warmup, last)) break;
         }
         src.finish();
-        if constexpr (Engine::pipeline_type::value == deepclone::pipeline::kind::spill) {
+        if constexpr (std::is_same_v<typename Engine::pipeline_type, deepclone::pipeline::spill>) {
           auto b = src.bytes_spilled(), seen = sh.max_spilled.load();
           while (b > seen && !sh.max_spilled.compare_exchange_weak(seen, b)) {
           }
@@ -123,13 +124,13 @@ record run_engine(context& c, typename Engine::settings settings, const std::str
     if (!std::isnan(s.normal_iteration_s)) normal.push_back(s.normal_iteration_s);
   }
   out.iteration_s = median(normal);
-  if constexpr (Engine::pipeline_type::value == deepclone::pipeline::kind::staged) {
+  if constexpr (std::is_same_v<typename Engine::pipeline_type, deepclone::pipeline::staged>) {
     auto plan = Engine::make_plan(c.lay, roles, settings);
     std::uint64_t owned = 0;
     for (int i = 0; i < N; ++i) owned = std::max(owned, plan.bytes_of_source(static_cast<std::uint32_t>(i)));
     out.extra_source_bytes = std::min<std::uint64_t>(settings.pipeline.staging_bytes, owned);
   }
-  if constexpr (Engine::pipeline_type::value == deepclone::pipeline::kind::spill) out.extra_source_bytes = sh.max_spilled.load();
+  if constexpr (std::is_same_v<typename Engine::pipeline_type, deepclone::pipeline::spill>) out.extra_source_bytes = sh.max_spilled.load();
   // Readiness counted from the moment the first layer of iteration k was final on source 0
   // (the earliest any byte of the clone's state could move).
   out.from_state_s = sh.have_first_final ? out.readiness_s - secs(sh.t_req, sh.t_first_final) : NAN;

@@ -4,6 +4,7 @@
 // whose word rides on the trainer's allreduce (flags[2]) through the hooks' contribute/learn.
 // Kept in its own translation unit: each engine instantiation costs ~15 s of compile.
 #include "bench_mpi.hpp"
+#include <type_traits>
 
 namespace bench::mpi {
 namespace {
@@ -59,7 +60,7 @@ json run_engine(ctx& c, typename Engine::settings settings, clock::time_point or
     } side(src, r, origin, mine);
     source_loop(c, side, origin, mine);
     src.finish();
-    if constexpr (Engine::pipeline_type::value == deepclone::pipeline::kind::spill) mine["bytes_spilled"] = src.bytes_spilled();
+    if constexpr (std::is_same_v<typename Engine::pipeline_type, deepclone::pipeline::spill>) mine["bytes_spilled"] = src.bytes_spilled();
   } else {
     clone_t dst(comm, c.roles, r.state, settings);
     for (auto& t : r.tensors) std::fill(t.begin(), t.end(), -1.0f);

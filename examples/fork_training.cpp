@@ -155,7 +155,7 @@ int run(const options& o) {
               cfg.global_batch, static_cast<unsigned long long>(cfg.seed));
   std::printf("policies: %s (split threshold %llu B%s)\n", Engine::describe(st).c_str(),
               static_cast<unsigned long long>(o.split_threshold),
-              Engine::pipeline_type::value == deepclone::pipeline::kind::staged
+              std::is_same_v<typename Engine::pipeline_type, deepclone::pipeline::staged>
                   ? (", staging " + std::to_string(o.staging) + " B").c_str()
                   : "");
   std::printf("the clone ranks request a fork after step %llu; sources lr %g, clone lr %g; %llu steps\n\n",

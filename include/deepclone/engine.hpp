@@ -116,13 +116,15 @@ class engine {
   template <tensor T>
   clone(Comm&, const deepclone::roles&, deepclone::state<T>&, settings) -> clone<T>;
 
-  /// The plan every rank of this engine computes for `lay`. The staged pipeline cuts
-  /// pieces to fit its staging ring, so the plan depends on it too.
+  /// The plan every rank of this engine computes for `lay`. A pipeline with a piece limit
+  /// (staged: its ring) has pieces cut to fit, so the plan depends on it too.
   static deepclone::plan make_plan(const layout& lay, const deepclone::roles& r, const settings& s) {
     plan_options o = s.plan;
-    if constexpr (Pipeline::value == pipeline::kind::staged) {
-      auto cap = s.pipeline.staging_bytes / (o.alignment ? o.alignment : 1) * (o.alignment ? o.alignment : 1);
-      if (cap == 0) throw error(errc::invalid_argument, "pipeline::staged: staging_bytes must be at least the alignment");
+    if constexpr (requires { { s.pipeline.max_piece_bytes() } -> std::convertible_to<std::uint64_t>; }) {
+      const std::uint64_t a = o.alignment ? o.alignment : 1, cap = s.pipeline.max_piece_bytes() / a * a;
+      if (cap == 0)
+        throw error(errc::invalid_argument, std::string("pipeline::") + Pipeline::name +
+                                                ": its piece limit (staging_bytes) must be at least the alignment");
       o.max_piece_bytes = std::min(o.max_piece_bytes, cap);
     }
     return deepclone::make_plan(lay, r.source_count(), r.clone_count(), s.shard, s.reconstruct, o, Checksum::id);

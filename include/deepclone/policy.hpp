@@ -51,10 +51,17 @@ template <class P>
 concept forwards = requires(const P& p) {
   { p.forwards(std::uint32_t{}, std::uint32_t{}) } -> std::same_as<std::vector<reconstruct::hop>>;
 };
-/// `static constexpr pipeline::kind value`: which of the engine's pipelines it selects.
+/// `void layer_final(pipeline::context&, std::size_t layer)`: the layer holds its bytes of
+/// the fork iteration until it is overwritten; send (or stage, or queue) what leaves now.
 template <class P>
-concept pipeline_kind = requires {
-  { P::value } -> std::convertible_to<pipeline::kind>;
+concept layer_final = requires(P& p, pipeline::context& c) {
+  { p.layer_final(c, std::size_t{}) } -> std::same_as<void>;
+};
+/// `bool may_overwrite(pipeline::context&, std::size_t layer)`: may the trainer update the
+/// layer again (asked until true, with progress in between)?
+template <class P>
+concept may_overwrite = requires(P& p, pipeline::context& c) {
+  { p.may_overwrite(c, std::size_t{}) } -> std::convertible_to<bool>;
 };
 /// `static constexpr bool trainer_collective`: does the trainer's own collective carry the decision?
 template <class P>
@@ -77,7 +84,7 @@ concept reconstruction_policy = policy_member::id<P> && policy_member::name<P> &
                                 policy_member::assign_owners<P> && policy_member::forwards<P>;
 /// When and from where a source sends the bytes of the fork iteration (pipeline.hpp).
 template <class P>
-concept pipeline_policy = policy_member::pipeline_kind<P> && policy_member::name<P>;
+concept pipeline_policy = policy_member::name<P> && policy_member::layer_final<P> && policy_member::may_overwrite<P>;
 /// How the sources agree on the fork iteration (agreement.hpp).
 template <class P>
 concept agreement_policy = policy_member::name<P> && policy_member::trainer_collective<P>;
@@ -107,9 +114,13 @@ struct policy_check {
                 "reconstruction policy: needs `std::vector<reconstruct::hop> forwards(std::uint32_t owner, std::uint32_t "
                 "clones) const` (the clone-to-clone hops of a piece sent to `owner` only, in dependency order; "
                 "return {} when no piece has a single owner)");
-  static_assert(policy_member::pipeline_kind<Pipeline>,
-                "pipeline policy: needs `static constexpr pipeline::kind value` (window, staged, spill or blocking)");
   static_assert(policy_member::name<Pipeline>, "pipeline policy: needs `static constexpr const char* name` (reports, errors)");
+  static_assert(policy_member::layer_final<Pipeline>,
+                "pipeline policy: needs `void layer_final(pipeline::context&, std::size_t layer)` (called when the layer "
+                "holds its bytes of the fork iteration: send, stage or queue them; see pipeline.hpp)");
+  static_assert(policy_member::may_overwrite<Pipeline>,
+                "pipeline policy: needs `bool may_overwrite(pipeline::context&, std::size_t layer)` (may the trainer "
+                "update the layer again? asked in before_update until true; see pipeline.hpp)");
   static_assert(policy_member::id<Checksum>, "checksum policy: needs `static constexpr std::uint32_t id` (in the plan key)");
   static_assert(policy_member::name<Checksum>, "checksum policy: needs `static constexpr const char* name` (reports, errors)");
   static_assert(policy_member::compute<Checksum>,

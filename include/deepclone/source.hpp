@@ -27,19 +27,11 @@
 
 namespace deepclone::detail {
 
-/// Optional part of a staged pipeline policy (e.g. `cuda::staged_device`): it provides the
-/// staging ring's memory (e.g. pinned) and the copy into it, and so may accept tensors
-/// outside host memory. `copy` returns once `to` holds the bytes.
-template <class P>
-concept staging_provider = requires(P& p, const P& cp, memory_space m, std::size_t n, std::span<std::byte> to,
-                                    std::span<const std::byte> from) {
-  { cp.moves(m) } -> std::convertible_to<bool>;
-  { p.staging(n) } -> std::same_as<std::span<std::byte>>;
-  { p.copy(to, from, m) } -> std::same_as<void>;
-};
+/// Whether pipeline policy `P` can send a tensor in memory space `m` (optional member
+/// `moves`, e.g. `cuda::staged_device`; otherwise host memory only).
 template <class P>
 bool pipeline_moves(const P& p, memory_space m) {
-  if constexpr (staging_provider<P>) return p.moves(m);
+  if constexpr (requires { { p.moves(m) } -> std::convertible_to<bool>; }) return p.moves(m);
   else return m == memory_space::host;
 }
 
@@ -75,7 +67,8 @@ class source_engine {
                                            "' lives in device memory: the core engine sends host memory; use a device pipeline");
     updated_.assign(layout_.layer_count(), 0);
     // Allocated and touched here, before training: fresh memory's first touch is slow.
-    if constexpr (Pipeline::value == pipeline::kind::spill) spill_mem_.assign(spill_capacity(), std::byte{0});
+    if constexpr (requires(const Pipeline& p) { { p.reserve(std::uint64_t{}) } -> std::convertible_to<std::uint64_t>; })
+      pipeline_mem_.assign(static_cast<std::size_t>(st_.pipeline.reserve(plan_.bytes_of_source(index_))), std::byte{0});
     if (st_.check_writes) written_sums_.assign(layout_.tensor_count(), std::nullopt);
     acks_needed_.assign(layout_.layer_count(), 0);
     {
@@ -93,14 +86,12 @@ class source_engine {
       finish();
     } catch (...) {
     }
-    if (unwithdrawn_sends_) {
-      retained_buffers::get().keep(std::move(staging_));
-      retained_buffers::get().keep(std::move(spill_mem_));
-    }
+    if (unwithdrawn_sends_) retained_buffers::get().keep(std::move(pipeline_mem_));
   }
 
-  /// Call right before layer `layer` is updated. With the window pipeline this is where
-  /// the source waits, if a send of that layer from the fork iteration is still running.
+  /// Call right before layer `layer` is updated. In the iteration after the fork iteration
+  /// this is where the source waits, if the pipeline does not yet allow `layer` to be
+  /// overwritten (window: its sends are still running or a clone rank did not verify it).
   void before_update(std::size_t layer) {
     hook_timer t(*this);
     check_layer(layer, "before_update");
@@ -112,11 +103,11 @@ class source_engine {
                                         " (missing end_iteration?)");
     if (st_.check_writes) check_untouched(layer);
     open_ = static_cast<long>(layer);
-    if (s_ && s_->layer_sent[layer] && !s_->released[layer]) close_window(layer);
+    if (s_ && s_->final[layer] && !s_->released[layer]) close_window(layer);
   }
 
-  /// Call right after layer `layer` was updated. In the fork iteration this starts the
-  /// layer's transfer (window, staged).
+  /// Call right after layer `layer` was updated. In the fork iteration this hands the
+  /// layer to the pipeline (window, staged and spill start its transfer here).
   void after_update(std::size_t layer) {
     hook_timer t(*this);
     check_layer(layer, "after_update");
@@ -128,8 +119,8 @@ class source_engine {
     updated_[layer] = generation_;
     if (st_.check_writes)
       for (std::size_t t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) written_sums_[t] = host_sum(t);
-    if (s_ && Pipeline::value != pipeline::kind::blocking && last_step_ && *last_step_ + 1 == s_->k)
-      send_layer(layer);
+    if (s_ && last_step_ && *last_step_ + 1 == s_->k)
+      make_final(layer);
     else if (s_)
       poll_session();
   }
@@ -149,10 +140,9 @@ class source_engine {
     ++generation_;
     if (s_ && step == s_->k) {
       for (std::size_t l = 0; l < layout_.layer_count() && s_; ++l)
-        if (!s_->layer_sent[l]) send_layer(l);  // blocking: all; others: layers not updated in k
+        if (!s_->final[l]) make_final(l);  // layers not updated in k
       if (s_ && index_ == 0) send_metadata(state_.metadata());
-      if (s_ && Pipeline::value == pipeline::kind::blocking)
-        settle([&] { return delivered(); }, "the blocking transfer was not delivered and verified within the timeout");
+      if (s_) pipeline_fork_iteration_ended();
     }
     // The iteration's duration, end to end, this hook included.
     auto now = clock::now();
@@ -253,24 +243,55 @@ class source_engine {
   std::uint64_t sessions_refused() const noexcept { return refused_; }
   /// pipeline::spill: bytes copied into the spill buffer so far, over all sessions (0 when
   /// the network kept up with the trainer).
-  std::uint64_t bytes_spilled() const noexcept { return bytes_spilled_; }
+  std::uint64_t bytes_spilled() const noexcept {
+    if constexpr (requires(const Pipeline& p) { p.bytes_spilled(); }) return st_.pipeline.bytes_spilled();
+    else return 0;
+  }
   /// Why the last failed or refused session ended so (the source itself keeps training).
   const std::optional<failure>& last_error() const noexcept { return last_error_; }
   const deepclone::plan& plan() const noexcept { return plan_; }
   std::uint32_t index() const noexcept { return index_; }
 
  private:
+  /// What the engine offers the pipeline policy (pipeline::context), over the session in flight.
+  class pipeline_context final : public pipeline::context {
+   public:
+    explicit pipeline_context(source_engine& e) : e_(e) {}
+    std::size_t layers() const override { return e_.layout_.layer_count(); }
+    std::uint64_t fork_iteration() const override { return e_.s_->k; }
+    bool fork_iteration_ended() const override { return e_.last_step_ && *e_.last_step_ >= e_.s_->k; }
+    bool active() const override { return e_.s_.has_value(); }
+    std::uint64_t bytes_of_source() const override { return e_.plan_.bytes_of_source(e_.index_); }
+    std::span<std::byte> memory() override { return e_.pipeline_mem_; }
+    std::vector<outgoing> pieces(std::size_t l) override { return e_.outgoing_of(l); }
+    void summed(std::uint32_t pi, std::span<const std::byte> bytes) override {
+      e_.s_->piece_sums.at(pi) = Checksum::compute(bytes);
+      e_.s_->summed.at(pi) = 1;
+    }
+    request post(const data_send& d) override { return e_.post_data(d); }
+    void send_headers(std::size_t l) override { e_.send_headers(l); }
+    bool done(request r) override { return e_.s_->out.done(e_.comm_, r); }
+    bool sends_done(std::size_t l) override { return e_.sends_done(e_.s_->layer_reqs.at(l)); }
+    bool refetches_done(std::size_t l) override { return e_.sends_done(e_.s_->refetch_reqs.at(l)); }
+    bool verified(std::size_t l) const override { return e_.s_->acks.at(l) >= e_.acks_needed_.at(l); }
+    bool verified_by(std::size_t l, std::uint32_t clone) const override { return e_.s_->acked.at(clone).at(l) != 0; }
+    bool released(std::size_t l) const override { return e_.s_->released.at(l); }
+    bool delivered() override { return e_.delivered(); }
+    bool wait_until(const std::function<bool()>& done, const std::string& what) override { return e_.settle(done, what); }
+    using pipeline::context::done;
+
+   private:
+    source_engine& e_;
+  };
+
   struct session {
     std::uint64_t id = 0, k = 0;
     session_tags tags;
     clock::time_point last_progress = clock::now();
     outbox<Comm> out;
-    std::vector<std::vector<std::size_t>> layer_reqs;
-    std::vector<bool> layer_sent;
+    std::vector<std::vector<std::size_t>> layer_reqs;  // data sends the pipeline posted, per layer
+    std::vector<bool> final;                           // the pipeline had the layer's layer_final
     std::vector<std::byte> meta;       // encoded metadata of iteration k
-    std::span<std::byte> stage_mem;    // the staged pipeline's ring: `staging_`, or the policy's
-    struct slot { std::uint64_t off, len; std::vector<std::size_t> reqs; };
-    std::deque<slot> ring;
     std::vector<inbox_slot<Comm>> cancels, acks_in, refetches_in;
     std::vector<std::vector<char>> acked;            // [clone][layer]
     std::vector<std::uint32_t> acks;                 // clone ranks that verified each layer
@@ -282,12 +303,6 @@ class source_engine {
     bool digest = false;                    // verify_replicas: sum every piece, send the digest
     std::vector<std::vector<std::uint32_t>> layer_pieces;  // verify_replicas: pieces of each layer
     std::size_t layers_digested = 0;
-    // pipeline::spill
-    struct queued_send { std::size_t layer; std::uint32_t piece; int dest, tag; std::span<const std::byte> src; };
-    std::deque<queued_send> queued;                 // data sends not yet posted, in wire order
-    std::vector<std::pair<std::size_t, std::uint64_t>> inflight;  // posted data sends and their bytes
-    std::uint64_t inflight_bytes = 0, spill_used = 0;
-    std::vector<std::optional<std::span<const std::byte>>> spilled;  // per piece: its copy in the spill buffer
     std::vector<double> fork_durations;
     double hook_s = 0;
     std::uint64_t bytes_sent = 0;
@@ -464,13 +479,11 @@ class source_engine {
   /// (every layer when k is the iteration that ended last), with k's metadata then.
   void send_final_layers() {
     const bool ended = s_->k == *last_step_;
-    if (Pipeline::value == pipeline::kind::blocking && !ended) return;  // it sends everything at end_iteration(k)
     for (std::size_t l = 0; l < layout_.layer_count() && s_; ++l)
-      if (!s_->layer_sent[l] && (ended || updated_[l] == generation_)) send_layer(l);
+      if (!s_->final[l] && (ended || updated_[l] == generation_)) make_final(l);
     if (!s_ || !ended) return;
     if (index_ == 0) send_metadata(*std::exchange(meta_to_send_, std::nullopt));
-    if (s_ && Pipeline::value == pipeline::kind::blocking)
-      settle([&] { return delivered(); }, "the blocking transfer was not delivered and verified within the timeout");
+    if (s_) pipeline_fork_iteration_ended();
   }
 
   /// Coordinator: takes every request (or withdrawal) that arrived; the newest request of
@@ -545,7 +558,7 @@ class source_engine {
     s_->tags = session_tags{base(), layout_.layer_count(), d.epoch};
     const std::size_t L = layout_.layer_count();
     s_->layer_reqs.resize(L);
-    s_->layer_sent.assign(L, false);
+    s_->final.assign(L, false);
     s_->cancels.resize(roles_.clone_count());
     s_->acks_in.resize(roles_.clone_count());
     s_->refetches_in.resize(roles_.clone_count());
@@ -578,18 +591,7 @@ class source_engine {
                                               "); the state must not change shape while the source exists");
       return;
     }
-    if constexpr (Pipeline::value == pipeline::kind::staged) {
-      auto n = static_cast<std::size_t>(std::max<std::uint64_t>(std::min(st_.pipeline.staging_bytes, plan_.bytes_of_source(index_)), 1));
-      if constexpr (staging_provider<Pipeline>) s_->stage_mem = st_.pipeline.staging(n);
-      else {
-        if (staging_.size() != n) {
-          if (unwithdrawn_sends_) retained_buffers::get().keep(std::move(staging_));
-          staging_.assign(n, std::byte{0});
-        }
-        s_->stage_mem = staging_;
-      }
-    }
-    if constexpr (Pipeline::value == pipeline::kind::spill) s_->spilled.assign(plan_.pieces().size(), std::nullopt);
+    if constexpr (requires(Pipeline& p) { p.begin(pipe_ctx_); }) st_.pipeline.begin(pipe_ctx_);
     if (s_->digest)
       for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
         if (state_.space(t) != memory_space::host) {
@@ -640,47 +642,50 @@ class source_engine {
     }
   }
 
-  /// Sends this source's groups of layer `l`: each piece straight from the tensor (or
-  /// from the staging ring) to every clone rank whose group holds it, in plan order, then
-  /// one header per group.
-  void send_layer(std::size_t l) {
-    auto& s = *s_;
-    s.layer_sent[l] = true;
-    if (resized(l)) return;
-    auto holders = holders_of(l);
-    if (holders.empty()) {
-      digest_layer(l);
-      return;
-    }
-    std::map<std::uint32_t, group_header> headers;
-    for (auto& [pi, gs] : holders) {  // increasing piece index = each group's wire order
+  /// Layer `l` holds its bytes of k until before_update(l) of k + 1: the pipeline decides
+  /// what leaves now; with verify_replicas the layer is digested.
+  void make_final(std::size_t l) {
+    s_->final[l] = true;
+    st_.pipeline.layer_final(pipe_ctx_, l);
+    if (s_) digest_layer(l);
+  }
+  void pipeline_fork_iteration_ended() {
+    if constexpr (requires(Pipeline& p) { p.fork_iteration_ended(pipe_ctx_); }) st_.pipeline.fork_iteration_ended(pipe_ctx_);
+  }
+
+  /// This source's pieces of layer `l` as the pipeline sees them; empty (and the session
+  /// failed) when a tensor of `l` was resized.
+  std::vector<pipeline::context::outgoing> outgoing_of(std::size_t l) {
+    std::vector<pipeline::context::outgoing> out;
+    if (resized(l)) return out;
+    for (auto& [pi, gs] : holders_of(l)) {
       auto& p = plan_.pieces()[pi];
-      std::span<const std::byte> src = state_.bytes(p.tensor).subspan(p.offset, p.length);
-      if constexpr (Pipeline::value == pipeline::kind::staged) {
-        src = stage(src, state_.space(p.tensor));
-        if (!s_) return;  // the session failed while waiting for staging space
-      }
-      const std::uint64_t sum = Checksum::compute(src);
-      s.piece_sums[pi] = sum;
-      s.summed[pi] = 1;
+      auto& o = out.emplace_back(pipeline::context::outgoing{pi, state_.bytes(p.tensor).subspan(p.offset, p.length), state_.space(p.tensor), {}});
+      for (auto g : gs) o.to.push_back(plan_.groups()[g].to);
+    }
+    return out;
+  }
+  /// Posts one data send of layer `d.layer` (a group's piece) to clone index `d.to`.
+  std::size_t post_data(const pipeline::context::data_send& d) {
+    auto& s = *s_;
+    auto r = s.out.send(comm_, roles_.clones[d.to], s.tags.layer(d.layer, false, false), d.bytes);
+    s.layer_reqs[d.layer].push_back(r);
+    s.bytes_sent += d.bytes.size();
+    return r;
+  }
+  /// Sends one header per group of layer `l` this source sends: its pieces and their sums.
+  void send_headers(std::size_t l) {
+    auto& s = *s_;
+    std::map<std::uint32_t, group_header> headers;
+    for (auto& [pi, gs] : holders_of(l)) {  // increasing piece index = each group's wire order
+      auto& p = plan_.pieces()[pi];
       for (auto g : gs) {
-        int dest = roles_.clones[plan_.groups()[g].to];
-        if constexpr (Pipeline::value == pipeline::kind::spill) {
-          s.queued.push_back({l, pi, dest, s.tags.layer(l, false, false), src});
-        } else {
-          auto r = s.out.send(comm_, dest, s.tags.layer(l, false, false), src);
-          if constexpr (Pipeline::value == pipeline::kind::staged) s.ring.back().reqs.push_back(r);
-          else s.layer_reqs[l].push_back(r);
-        }
-        s.bytes_sent += p.length;
         auto& h = headers.try_emplace(g, group_header{.session = s.id, .iteration = s.k, .layer = static_cast<std::uint32_t>(l), .from = index_, .pieces = {}}).first->second;
-        h.pieces.push_back({p.tensor, p.offset, p.length, sum});
+        h.pieces.push_back({p.tensor, p.offset, p.length, s.piece_sums[pi]});
       }
     }
     for (auto& [g, h] : headers)
       s.out.send_owned(comm_, roles_.clones[plan_.groups()[g].to], s.tags.layer(l, false, true), h.encode());
-    if constexpr (Pipeline::value == pipeline::kind::spill) post_queued();
-    digest_layer(l);
   }
 
   /// This source's pieces of layer `l`, each with the groups (clone ranks) that receive it.
@@ -689,78 +694,6 @@ class source_engine {
     for (auto g : plan_.sent_by_source(index_, l))
       for (auto pi : plan_.groups()[g].pieces) holders[pi].push_back(g);
     return holders;
-  }
-
-  /// pipeline::spill: posts queued data sends, in order. Sends from a tensor are posted
-  /// while fewer than `inflight_bytes` of them are on the wire, so that a layer about to be
-  /// overwritten waits for at most that much. Once iteration k ended (its layers are
-  /// overwritten from now on) what is still queued is copied to the spill buffer, where it
-  /// may wait on the wire as long as the link needs, and posted at once.
-  void post_queued() {
-    auto& s = *s_;
-    std::erase_if(s.inflight, [&](auto& f) {
-      if (!s.out.done(comm_, f.first)) return false;
-      s.inflight_bytes -= f.second;
-      return true;
-    });
-    const bool k_ended = last_step_ && *last_step_ >= s.k;
-    while (!s.queued.empty()) {
-      auto& q = s.queued.front();
-      if (k_ended && !s.released[q.layer] && spill_piece(q.piece)) q.src = *s.spilled[q.piece];
-      const bool from_tensor = !s.spilled[q.piece];
-      if (from_tensor && !s.inflight.empty() && s.inflight_bytes + q.src.size() > st_.pipeline.inflight_bytes) break;
-      auto r = s.out.send(comm_, q.dest, q.tag, q.src);
-      if (from_tensor) {  // what must complete before the layer is overwritten
-        s.layer_reqs[q.layer].push_back(r);
-        s.inflight.emplace_back(r, q.src.size());
-        s.inflight_bytes += q.src.size();
-      }
-      s.queued.pop_front();
-    }
-  }
-
-  /// pipeline::spill, before layer `l` is overwritten: copies the pieces of `l` that a clone
-  /// rank has not yet verified into the spill buffer and serves them from there on, then
-  /// waits only for the sends already on the wire from the tensor. False, with nothing
-  /// copied, when the layer is verified everywhere or the buffer has no room (the caller
-  /// then waits as `window` does).
-  bool spill_layer(std::size_t l) {
-    auto& s = *s_;
-    if (s.acks[l] >= acks_needed_[l]) return false;
-    std::vector<std::uint32_t> owed;
-    std::uint64_t bytes = 0;
-    for (auto& [pi, gs] : holders_of(l))
-      if (std::any_of(gs.begin(), gs.end(), [&](auto g) { return !s.acked[plan_.groups()[g].to][l]; })) {
-        owed.push_back(pi);
-        if (!s.spilled[pi]) bytes += plan_.pieces()[pi].length;
-      }
-    if (s.spill_used + bytes > spill_mem_.size()) return false;
-    for (auto pi : owed) spill_piece(pi);
-    for (auto& q : s.queued)  // every queued send goes to a clone rank that has not verified its layer
-      if (q.layer == l) q.src = *s.spilled[q.piece];
-    auto from_tensor = s.layer_reqs[l];  // what is posted from now on reads the copies
-    from_tensor.insert(from_tensor.end(), s.refetch_reqs[l].begin(), s.refetch_reqs[l].end());
-    settle([&] { return sends_done(from_tensor); },
-           "layer " + std::to_string(l) + "'s sends from the tensor did not complete within the timeout");
-    return true;
-  }
-
-  /// Copies piece `pi` (iteration k's bytes, still in its tensor) into the spill buffer,
-  /// unless it is there already or the buffer has no room; true if it is there now.
-  bool spill_piece(std::uint32_t pi) {
-    auto& s = *s_;
-    if (s.spilled[pi]) return true;
-    auto& p = plan_.pieces()[pi];
-    if (s.spill_used + p.length > spill_mem_.size()) return false;
-    auto* to = spill_mem_.data() + s.spill_used;
-    std::memcpy(to, state_.bytes(p.tensor).data() + p.offset, p.length);
-    s.spilled[pi] = std::span<const std::byte>(to, p.length);
-    s.spill_used += p.length;
-    bytes_spilled_ += p.length;
-    return true;
-  }
-  std::size_t spill_capacity() const {
-    return static_cast<std::size_t>(std::min(st_.pipeline.spill_bytes, plan_.bytes_of_source(index_)));
   }
 
   bool sends_done(const std::vector<std::size_t>& reqs) {
@@ -784,39 +717,6 @@ class source_engine {
     for (int c : roles_.clones) s.out.send_owned(comm_, c, base() + tag_digest, m.encode());
   }
 
-  /// Copies `src` into the staging ring (as its newest slot), first waiting for the
-  /// oldest staged sends to finish while the ring is full. Returns the staged bytes.
-  std::span<const std::byte> stage(std::span<const std::byte> src, memory_space from) {
-    auto& s = *s_;
-    const std::uint64_t cap = s.stage_mem.size(), len = src.size();
-    if (len > cap) throw error(errc::invalid_argument, "a piece is larger than the staging buffer (plan was cut wrongly)");
-    for (;;) {
-      std::optional<std::uint64_t> at;
-      if (s.ring.empty()) {
-        at = 0;
-      } else {
-        auto first = s.ring.front().off, end = s.ring.back().off + s.ring.back().len;
-        if (end > first) {  // in use: [first, end)
-          if (cap - end >= len) at = end;
-          else if (first >= len) at = 0;
-        } else if (first - end >= len) {  // in use: [first, cap) and [0, end)
-          at = end;
-        }
-      }
-      if (at) {
-        if constexpr (staging_provider<Pipeline>) st_.pipeline.copy(s.stage_mem.subspan(*at, len), src, from);
-        else std::memcpy(s.stage_mem.data() + *at, src.data(), len);
-        s.ring.push_back({*at, len, {}});
-        return {s.stage_mem.data() + *at, len};
-      }
-      if (!s.out.wait(comm_, s.ring.front().reqs, st_.timeout)) {
-        fail_session(errc::timeout, "staged sends did not complete within the timeout (staging ring full)");
-        return {};
-      }
-      s.ring.pop_front();
-    }
-  }
-
   /// Sends `m`, the metadata of iteration k, to every clone rank.
   void send_metadata(metadata m) {
     auto& s = *s_;
@@ -829,15 +729,14 @@ class source_engine {
     }
   }
 
-  /// One round of session progress: tests outstanding sends, frees staging, takes layer
-  /// acknowledgements, serves refetch requests and reacts to a clone's cancel. True if
-  /// anything happened. May end the session (cancel).
+  /// One round of session progress: tests outstanding sends, lets the pipeline progress,
+  /// takes layer acknowledgements, serves refetch requests and reacts to a clone's cancel.
+  /// True if anything happened. May end the session (cancel).
   bool poll_session() {
     auto& s = *s_;
     bool any = s.out.poll(comm_);
-    if constexpr (Pipeline::value == pipeline::kind::spill) post_queued();
-    if constexpr (Pipeline::value == pipeline::kind::staged)
-      while (!s.ring.empty() && sends_done(s.ring.front().reqs)) s.ring.pop_front();
+    if constexpr (requires(Pipeline& p) { p.progress(pipe_ctx_); }) st_.pipeline.progress(pipe_ctx_);
+    if (!s_) return true;
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       if (auto b = s.cancels[j].test(comm_)) {
         any = true;
@@ -931,7 +830,7 @@ class source_engine {
     auto& q = s.refetch_queue[j];
     while (!q.empty()) {
       auto& g = plan_.groups()[q.front()];
-      if (!s.layer_sent[g.layer]) break;  // not yet at iteration k for this layer
+      if (!s.final[g.layer]) break;  // not yet at iteration k for this layer
       if (resized(g.layer)) return true;
       group_header h{.session = s.id, .iteration = s.k, .layer = g.layer, .from = index_, .pieces = {}};
       std::vector<std::span<const std::byte>> from;
@@ -956,11 +855,12 @@ class source_engine {
     return any;
   }
 
-  /// Where piece `pi`'s bytes of iteration k are: its spill copy (pipeline::spill), else
+  /// Where piece `pi`'s bytes of iteration k are: a copy the pipeline holds (spill), else
   /// the live tensor until its layer is released, else nowhere.
-  std::optional<std::span<const std::byte>> bytes_of_k(std::uint32_t pi) const {
+  std::optional<std::span<const std::byte>> bytes_of_k(std::uint32_t pi) {
     auto& p = plan_.pieces()[pi];
-    if (!s_->spilled.empty() && s_->spilled[pi]) return *s_->spilled[pi];
+    if constexpr (requires(Pipeline& q) { { q.bytes_of_k(pipe_ctx_, pi) } -> std::same_as<std::optional<std::span<const std::byte>>>; })
+      if (auto b = st_.pipeline.bytes_of_k(pipe_ctx_, pi)) return b;
     if (!s_->released[p.layer]) return state_.bytes(p.tensor).subspan(p.offset, p.length);
     return std::nullopt;
   }
@@ -968,31 +868,22 @@ class source_engine {
   /// True when every send of the session completed and every clone rank verified every layer.
   bool delivered() {
     auto& s = *s_;
-    if (!s.queued.empty() || !s.out.all_done(comm_)) return false;
+    if constexpr (requires(Pipeline& p) { { p.pending(pipe_ctx_) } -> std::convertible_to<bool>; })
+      if (st_.pipeline.pending(pipe_ctx_)) return false;
+    if (!s.out.all_done(comm_)) return false;
     for (std::size_t l = 0; l < s.acks.size(); ++l)
       if (s.acks[l] < acks_needed_[l]) return false;
     return true;
   }
 
-  /// Before the trainer overwrites layer `l` again: wait until its sends (and refetches)
-  /// completed and, for the window and blocking pipelines, every clone rank verified it, so
-  /// that a piece lost or corrupted elsewhere can still be served from here. The spill
-  /// pipeline copies what is still owed instead (spill_layer), unless its buffer is full.
+  /// Before the trainer overwrites layer `l` again: progress until the pipeline allows it
+  /// (window: its sends, refetches included, completed and every clone rank verified it,
+  /// so that a piece lost elsewhere can still be served from here).
   void close_window(std::size_t l) {
-    auto& s = *s_;
-    if constexpr (Pipeline::value == pipeline::kind::spill)
-      if (spill_layer(l)) {
-        if (s_) s.released[l] = true;
-        return;
-      }
-    settle([&] {
-      if (!sends_done(s_->refetch_reqs[l])) return false;
-      if constexpr (Pipeline::value == pipeline::kind::staged) return true;  // staged copies: the tensor is free
-      if constexpr (Pipeline::value == pipeline::kind::spill)  // a send not yet posted reads the tensor later
-        if (std::any_of(s_->queued.begin(), s_->queued.end(), [&](auto& q) { return q.layer == l; })) return false;
-      return sends_done(s_->layer_reqs[l]) && s_->acks[l] >= acks_needed_[l];
-    }, "layer " + std::to_string(l) + " was not delivered and verified within the timeout");
-    if (s_) s.released[l] = true;
+    settle([&] { return st_.pipeline.may_overwrite(pipe_ctx_, l); },
+           "layer " + std::to_string(l) + " was not released by the " + Pipeline::name +
+               " pipeline (sent, verified or copied) within the timeout");
+    if (s_) s_->released[l] = true;
   }
 
   /// Makes session progress until `done()` holds; false if the session ended meanwhile
@@ -1087,13 +978,12 @@ class source_engine {
   deepclone::layout layout_;
   deepclone::plan plan_;
   std::vector<std::uint64_t> updated_;  // generation in which each layer was last updated
-  /// The staged pipeline's ring, kept across sessions (allocated once). A send cancelled
-  /// while pending on a transport that may not withdraw it can still read it
-  /// (`unwithdrawn_sends_`): it then outlives the engine (`retained_buffers`).
-  std::vector<std::byte> staging_;
-  /// pipeline::spill: the spill buffer, kept across sessions like `staging_`.
-  std::vector<std::byte> spill_mem_;
-  std::uint64_t bytes_spilled_ = 0;
+  /// The memory the pipeline reserved (staged: its ring; spill: its buffer), allocated once
+  /// and kept across sessions. A send cancelled while pending on a transport that may not
+  /// withdraw it can still read it (`unwithdrawn_sends_`): it then outlives the engine
+  /// (`retained_buffers`).
+  std::vector<std::byte> pipeline_mem_;
+  pipeline_context pipe_ctx_{*this};
   bool unwithdrawn_sends_ = false;
   std::vector<std::uint32_t> acks_needed_;  // clone ranks that receive something of each layer
   std::uint64_t generation_ = 1;

@@ -33,9 +33,16 @@ struct checksum {
   static std::uint64_t compute(std::span<const std::byte>) noexcept { return 0; }
 #endif
 };
+struct pipeline {
+  static constexpr const char* name = "user";
+  void layer_final(deepclone::pipeline::context& c, std::size_t l) { c.send_layer(l); }
+#if LACKS != 4
+  bool may_overwrite(deepclone::pipeline::context& c, std::size_t l) { return c.sends_done(l) && c.verified(l); }
+#endif
+};
 }  // namespace user
 
-using cloning = deepclone::engine<deepclone::inproc::communicator, user::sharding, deepclone::pipeline::window,
+using cloning = deepclone::engine<deepclone::inproc::communicator, user::sharding, user::pipeline,
                                   user::reconstruction, user::checksum>;
 cloning::settings s;
 

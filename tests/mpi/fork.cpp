@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 namespace dc = deepclone;
 namespace dm = deepclone::mpi;
@@ -50,7 +51,7 @@ template <class Engine>
 typename Engine::settings test_settings() {
   typename Engine::settings s;
   s.timeout = std::chrono::seconds(20);
-  if constexpr (Engine::pipeline_type::value == dc::pipeline::kind::staged) s.pipeline.staging_bytes = 256 << 10;
+  if constexpr (std::is_same_v<typename Engine::pipeline_type, dc::pipeline::staged>) s.pipeline.staging_bytes = 256 << 10;
   return s;
 }
 

@@ -203,12 +203,11 @@ TEST_CASE("clone of thrust::device_vector tensors through the core engine (CPP b
 
 namespace {
 /// A staged pipeline policy that provides its own staging memory and copy, like
-/// cuda::staged_device, but with host memory: exercises the engine's staging_provider
+/// cuda::staged_device, but with host memory: exercises staged_base's ring provider
 /// customization point without a GPU.
-struct mock_device_staging {
-  static constexpr dc::pipeline::kind value = dc::pipeline::kind::staged;
+struct mock_device_staging : dc::pipeline::staged_base<mock_device_staging> {
   static constexpr const char* name = "mock_device";
-  std::uint64_t staging_bytes = 100 * 1024;
+  mock_device_staging() { staging_bytes = 100 * 1024; }
   std::shared_ptr<std::vector<std::byte>> mem;
   std::shared_ptr<std::atomic<int>> device_copies = std::make_shared<std::atomic<int>>(0);
   bool moves(dc::memory_space) const { return true; }
@@ -226,10 +225,10 @@ struct mock_device_staging {
 };
 }  // namespace
 
-TEST_CASE("a staging_provider pipeline lets the source engine stage device tensors") {
+TEST_CASE("a staged pipeline providing its own ring lets the source engine stage device tensors") {
   using comm = dc::inproc::communicator;
   using E = dc::engine<comm, dc::shard::split_even, mock_device_staging, dc::reconstruct::direct>;
-  static_assert(dc::detail::staging_provider<mock_device_staging>);
+  static_assert(dc::pipeline_policy<mock_device_staging>);
   const int n = 2, m = 1;
   const auto roles = dc::roles::contiguous(n, m);
   dc::inproc::world world(n + m);

@@ -1,7 +1,8 @@
 // Policies written as a user would, outside the library, run through the same end-to-end
 // clone checks as the built-in ones (tests/support/clone_run.hpp) without any change of
 // engine code: a relay-chain reconstruction (pieces travel hop by hop between neighbouring
-// clone ranks), a sharding policy and a checksum policy. The plan-level checks of these
+// clone ranks), a sharding policy, a checksum policy and a pipeline that holds layers back
+// and sends them in batches, counting the engine's calls to check the hook contract. The plan-level checks of these
 // topologies (awaits, cycle and order refusals) are in unit.plan.
 #include <doctest/doctest.h>
 
@@ -12,9 +13,11 @@
 #include "../support/policies.hpp"   // relay_chain
 #include "../support/replica.hpp"    // replica, small_settings
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace dc = deepclone;
@@ -57,6 +60,54 @@ struct fnv1a {
   }
 };
 
+/// What the batching pipeline saw, over every source and session of a test (sources run
+/// as threads of one process).
+struct hook_counts {
+  std::atomic<int> sessions{0}, finals{0}, layers_sent{0}, ends{0}, asks{0}, violations{0};
+};
+hook_counts counted;
+
+/// A user pipeline: holds the layers that became final and sends them `batch` at a time,
+/// the rest when the fork iteration ends; a layer may be overwritten once its sends
+/// completed and every clone rank verified it. It checks the engine's side of the hook
+/// contract: layer_final once per layer and session, fork_iteration_ended once, after
+/// every layer's layer_final; may_overwrite only for a layer that had its layer_final.
+struct batching {
+  static constexpr const char* name = "batching";
+  std::size_t batch = 3;
+  std::vector<std::size_t> held;
+  std::vector<char> final_seen;
+
+  void begin(dc::pipeline::context& c) {
+    ++counted.sessions;
+    held.clear();
+    final_seen.assign(c.layers(), 0);
+  }
+  void layer_final(dc::pipeline::context& c, std::size_t l) {
+    ++counted.finals;
+    if (std::exchange(final_seen.at(l), 1)) ++counted.violations;
+    held.push_back(l);
+    if (held.size() >= batch) flush(c);
+  }
+  void fork_iteration_ended(dc::pipeline::context& c) {
+    ++counted.ends;
+    if (std::count(final_seen.begin(), final_seen.end(), 1) != static_cast<long>(c.layers())) ++counted.violations;
+    flush(c);
+  }
+  bool may_overwrite(dc::pipeline::context& c, std::size_t l) {
+    ++counted.asks;
+    if (!final_seen.at(l) || !held.empty()) ++counted.violations;
+    return c.refetches_done(l) && c.sends_done(l) && c.verified(l);
+  }
+  bool pending(dc::pipeline::context&) const { return !held.empty(); }
+
+ private:
+  void flush(dc::pipeline::context& c) {
+    for (auto l : std::exchange(held, {}))
+      if (c.active()) c.send_layer(l), ++counted.layers_sent;
+  }
+};
+
 using comm = dc::inproc::communicator;
 using chain = dc::testing::relay_chain;
 
@@ -67,6 +118,19 @@ TEST_CASE_TEMPLATE("a user-written relay chain clones bit for bit (N 1..4, M 1..
                    dc::engine<comm, dc::shard::split_even, dc::pipeline::spill, chain>,
                    dc::engine<comm, dc::shard::split_even, dc::pipeline::staged, chain>) {
   dc::testing::clone_all_sizes<E>(4);
+}
+
+TEST_CASE_TEMPLATE("a user-written batching pipeline clones bit for bit, and the engine keeps the hook contract", E,
+                   dc::engine<comm, dc::shard::split_even, batching, dc::reconstruct::scatter_exchange>,
+                   dc::engine<comm, dc::shard::split_even, batching, chain>) {
+  counted.sessions = counted.finals = counted.layers_sent = counted.ends = counted.asks = counted.violations = 0;
+  dc::testing::clone_all_sizes<E>(3);
+  const int layers = static_cast<int>(dc::testing::replica{}.state.describe().layer_count());
+  CHECK(counted.sessions > 0);
+  CHECK(counted.violations == 0);
+  CHECK(counted.finals == counted.sessions * layers);       // each layer once per session
+  CHECK(counted.layers_sent == counted.sessions * layers);  // ... and sent once
+  CHECK(counted.ends == counted.sessions);
 }
 
 TEST_CASE("user-written sharding, reconstruction and checksum policies together clone bit for bit") {

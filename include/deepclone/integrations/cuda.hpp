@@ -278,12 +278,10 @@ class staging_ring {
 /// after `training_stream` with an event (the training stream never waits), into pinned
 /// memory that the engine uses as its bounded, reused staging ring; the piece is sent once
 /// its copy has landed. Copies of the policy share one ring (settings are copied).
-struct staged_device {
-  static constexpr pipeline::kind value = pipeline::kind::staged;
+struct staged_device : pipeline::staged_base<staged_device> {
   static constexpr const char* name = "staged_device";
-  /// Size of the pinned staging ring; pieces are cut to fit (part of the plan: sources and
-  /// clones must agree on it).
-  std::uint64_t staging_bytes = 64ull << 20;
+  // staging_bytes (from staged_base): size of the pinned staging ring; pieces are cut to fit
+  // (part of the plan: sources and clones must agree on it).
   /// The stream the trainer's updates run on (nullptr: the legacy default stream).
   cudaStream_t training_stream = nullptr;
 
