@@ -34,14 +34,19 @@ void clone_once(int n, int m, unsigned delay_ms) {
     replica r;
     if (comm.rank() < n) {
       typename Engine::template source<dc::raw_view<std::uint8_t>> src(comm, roles, r.state, small_settings::make<settings>());
+      // Train until every source has seen every clone rank done (and three iterations more),
+      // however slow the build (TSan, valgrind): a fixed step count raced slow clones. The
+      // wall-clock cap only bounds a broken engine; the sources agree on it so they stop together.
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
       int after = 0;
-      for (std::uint64_t step = 0; step < 400 && after < 3; ++step) {
+      for (std::uint64_t step = 0; after < 3; ++step) {
         r.iterate(&src, step);
         dc::barrier(comm, roles.sources, 10);  // the sources' gradient allreduce
         src.end_iteration(step);
-        int done = clones_done.load();
-        dc::allreduce_sum(comm, roles.sources, std::span<int>(&done, 1), 12);  // all stop together
-        if (done == m * n) ++after;
+        int seen[2] = {clones_done.load(), std::chrono::steady_clock::now() > give_up ? 1 : 0};
+        dc::allreduce_sum(comm, roles.sources, std::span<int>(seen), 12);  // all stop together
+        if (seen[1] > 0) break;
+        if (seen[0] == m * n) ++after;
       }
       src.finish();
       CHECK_MESSAGE(src.sessions_completed() == 1, "source " << comm.rank() << ": "
@@ -59,7 +64,7 @@ void clone_once(int n, int m, unsigned delay_ms) {
       meta[j] = dst.metadata();
       k[j] = rep.iteration;
       reports[j] = rep;
-      clones_done += n;
+      ++clones_done;  // the sources sum what each of them saw: m * n once all saw all
     }
   });
   for (int j = 0; j < m; ++j) {
