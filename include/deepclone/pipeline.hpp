@@ -123,6 +123,16 @@ class context {
   ~context() = default;
 };
 
+/// The order in which a pipeline sends bytes of k that are ready at the same time, across
+/// layers (within a layer a clone rank receives pieces in `pieces()` order, always).
+/// Sources update layers last-first, so in the order layers become final layer 0 leaves
+/// last, and the clone's forward pass, which needs layer 0 first, gains nothing from the
+/// layers that arrived before it.
+enum class send_order : std::uint8_t {
+  forward_pass,  ///< lowest layer first: the clone's `wait_layer(0)` returns first
+  as_final,      ///< in the order the layers became final (the trainer's update order)
+};
+
 /// Send straight from the live tensors right after each layer's update in the fork
 /// iteration; wait, if at all, only right before that layer is updated again, until its
 /// sends completed and every clone rank verified it (so that a lost piece can still be
@@ -248,6 +258,9 @@ struct spill {
   static constexpr const char* name = "spill";
   std::uint64_t spill_bytes = std::uint64_t{1} << 40;
   std::uint64_t inflight_bytes = 4ull << 20;
+  /// The order of what is still queued when k ends (a layer that became final during k is
+  /// sent at once, as far as `inflight_bytes` allows).
+  send_order order = send_order::forward_pass;
 
   std::uint64_t reserve(std::uint64_t bytes_of_source) const { return std::min(spill_bytes, bytes_of_source); }
   /// Bytes copied into the spill buffer so far, over all sessions.
@@ -262,11 +275,12 @@ struct spill {
     copies_.clear();
     from_tensor_.assign(c.layers(), {});
     decided_.assign(c.layers(), none);
+    in_forward_order_ = false;
   }
   void layer_final(context& c, std::size_t l) {
     for (auto& p : c.pieces(l)) {
       c.summed(p.piece, p.live);
-      for (auto to : p.to) queued_.push_back({l, p.piece, to, p.live});
+      for (auto to : p.to) enqueue({l, p.piece, to, p.live});
     }
     if (!c.active()) return;
     c.send_headers(l);
@@ -306,6 +320,7 @@ struct spill {
       return true;
     });
     const bool k_ended = c.fork_iteration_ended();
+    if (k_ended) put_in_order();
     while (!queued_.empty()) {
       auto& q = queued_.front();
       if (k_ended && !c.released(q.layer)) {
@@ -321,6 +336,19 @@ struct spill {
       }
       queued_.pop_front();
     }
+  }
+  /// Queues a data send; once the queue is in forward order, at its place in that order.
+  void enqueue(const context::data_send& d) {
+    if (!in_forward_order_) return queued_.push_back(d);
+    auto later = std::upper_bound(queued_.begin(), queued_.end(), d.layer, [](std::size_t l, auto& q) { return l < q.layer; });
+    queued_.insert(later, d);
+  }
+  /// send_order::forward_pass: once k ended, what is queued leaves lowest layer first (a
+  /// stable sort: each clone rank still gets a layer's pieces in `pieces()` order).
+  void put_in_order() {
+    if (order != send_order::forward_pass || in_forward_order_) return;
+    std::stable_sort(queued_.begin(), queued_.end(), [](auto& a, auto& b) { return a.layer < b.layer; });
+    in_forward_order_ = true;
   }
   /// Copies the pieces of `l` that a clone rank has not yet verified and serves them from
   /// the copies from now on. False, with nothing copied, when the layer is verified
@@ -359,6 +387,7 @@ struct spill {
   std::map<std::uint32_t, std::span<const std::byte>> copies_;         // pieces in the spill buffer
   std::vector<std::vector<context::request>> from_tensor_;             // per layer: posted from the tensor
   std::vector<decision> decided_;                                      // per layer: spilled at before_update?
+  bool in_forward_order_ = false;                                      // queued_ is sorted by layer (put_in_order)
 };
 
 }  // namespace deepclone::pipeline

@@ -116,8 +116,9 @@ TEST_CASE("spill: a spill buffer too small for a layer makes the source wait ins
 }
 
 TEST_CASE("spill: a piece corrupted on the wire after its layer was overwritten is served again from the spill copy") {
-  // Layer 0 ("embed", updated last, ~0.56 MB) leaves last: its third data message to the
-  // clone reaches it long after the sources overwrote layer 0 in k+1.
+  // Layer 0 ("embed", updated last, ~0.56 MB) is final last and queued when k ends: its
+  // third data message to the clone (~40 ms of link time after k) reaches it long after
+  // the sources (1 ms iterations) overwrote layer 0 in k+1.
   auto faults = std::make_shared<dc::fault::plan>();
   const int layer0_data_tag = 1000 + 16 + 0;  // first session's tag block, layer 0, data
   faults->add({.action = dc::fault::kind::corrupt, .from = 0, .tag_lo = layer0_data_tag, .first = 3, .times = 1});
@@ -127,4 +128,36 @@ TEST_CASE("spill: a piece corrupted on the wire after its layer was overwritten 
   CHECK(res.sources_bitwise);
   CHECK(res.spilled[0] > 0);
   CHECK(res.rep.refetched_groups >= 1);
+}
+
+TEST_CASE("spill: what is still queued when k ends leaves in the clone's forward order (send_order), or as final") {
+  // The sources update layers last-first, so layer 0 ("embed", 0.56 MB, ~0.11 s at 5 MB/s)
+  // is final last. With send_order::forward_pass the queue left at the end of k is sent
+  // layer 0 first and the clone's forward pass can start before the rest arrived; with
+  // as_final it leaves last. The link serialises a source's sends in the order posted, so
+  // the order of the layers' ready times is not a matter of timing noise: layer 4 ("head",
+  // 0.27 MB) is ~0.05 s of link time after or before layer 0.
+  for (auto [n, m] : {std::pair{1, 1}, std::pair{2, 2}}) {
+    CAPTURE(n);
+    CAPTURE(m);
+    for (auto order : {dc::pipeline::send_order::forward_pass, dc::pipeline::send_order::as_final}) {
+      const bool forward = order == dc::pipeline::send_order::forward_pass;
+      CAPTURE(forward);
+      auto s = slow_settings();
+      s.pipeline.order = order;
+      auto res = fork_over_slow_links(n, m, s, std::make_shared<dc::fault::plan>());
+      REQUIRE(res.clone_error == "");
+      CHECK(res.clone_bitwise);
+      CHECK(res.sources_bitwise);
+      INFO(dc::to_string(res.rep));
+      REQUIRE(res.rep.layer_ready_s.size() == 5);
+      const auto& ready = res.rep.layer_ready_s;
+      if (forward) {
+        CHECK(ready[0] < ready[4]);
+        CHECK(res.rep.first_layer_s < res.rep.readiness_s);
+      } else {
+        CHECK(ready[0] > ready[4]);
+      }
+    }
+  }
 }
