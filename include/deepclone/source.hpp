@@ -18,6 +18,7 @@
 
 #include "checksum.hpp"
 #include "detail/outbox.hpp"
+#include "detail/session_inbox.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
 #include "pipeline.hpp"
@@ -292,7 +293,6 @@ class source_engine {
     std::vector<std::vector<std::size_t>> layer_reqs;  // data sends the pipeline posted, per layer
     std::vector<bool> final;                           // the pipeline had the layer's layer_final
     std::vector<std::byte> meta;       // encoded metadata of iteration k
-    std::vector<inbox_slot<Comm>> cancels, acks_in, refetches_in;
     std::vector<std::vector<char>> acked;            // [clone][layer]
     std::vector<std::uint32_t> acks;                 // clone ranks that verified each layer
     std::vector<bool> released;                      // the trainer may overwrite the layer again
@@ -547,7 +547,7 @@ class source_engine {
   bool seen(std::uint64_t session) const { return std::find(recent_.begin(), recent_.end(), session) != recent_.end(); }
   void remember(std::uint64_t session) {
     recent_.push_back(session);
-    if (recent_.size() > max_early) recent_.pop_front();
+    if (recent_.size() > max_recent) recent_.pop_front();
   }
 
   void start_session(const decision_msg& d) {
@@ -559,9 +559,6 @@ class source_engine {
     const std::size_t L = layout_.layer_count();
     s_->layer_reqs.resize(L);
     s_->final.assign(L, false);
-    s_->cancels.resize(roles_.clone_count());
-    s_->acks_in.resize(roles_.clone_count());
-    s_->refetches_in.resize(roles_.clone_count());
     s_->refetch_queue.resize(roles_.clone_count());
     s_->acked.assign(roles_.clone_count(), std::vector<char>(L, 0));
     s_->acks.assign(L, 0);
@@ -574,11 +571,7 @@ class source_engine {
       s_->layer_pieces.resize(L);
       for (std::uint32_t pi = 0; pi < plan_.pieces().size(); ++pi) s_->layer_pieces[plan_.pieces()[pi].layer].push_back(pi);
     }
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      s_->cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
-      s_->acks_in[j].post(comm_, roles_.clones[j], base() + tag_ack, control_bytes);
-      s_->refetches_in[j].post(comm_, roles_.clones[j], base() + tag_refetch, control_bytes);
-    }
+    auto early = inbox_.open(comm_, roles_.clones, base(), d.session);  // arrived while the previous one was in flight
     if (d.epoch >= max_epochs_) {
       fail_session(errc::corrupt_message, "the fork decision names tag block " + std::to_string(d.epoch) + ", beyond the " +
                                               std::to_string(max_epochs_) + " this communicator's tags allow");
@@ -599,11 +592,8 @@ class source_engine {
                                               layout_.tensor(t).name + "' is not in host memory, so its replica cannot be digested");
           return;
         }
-    // Messages of this session that arrived while the previous one was still in flight.
-    auto early = std::move(early_);
-    early_.clear();
-    for (auto& e : early)
-      if (s_ && e.session == d.session) take(e.kind, e.from, e.bytes);
+    for (auto& m : early)
+      if (s_) apply(m);
   }
 
   /// True (and the session failed) when a tensor of layer `l` no longer has the size the
@@ -733,89 +723,53 @@ class source_engine {
   /// takes layer acknowledgements, serves refetch requests and reacts to a clone's cancel.
   /// True if anything happened. May end the session (cancel).
   bool poll_session() {
-    auto& s = *s_;
-    bool any = s.out.poll(comm_);
+    bool any = s_->out.poll(comm_);
     if constexpr (requires(Pipeline& p) { p.progress(pipe_ctx_); }) st_.pipeline.progress(pipe_ctx_);
     if (!s_) return true;
+    for (auto& m : inbox_.poll(comm_)) {
+      any = true;
+      if (apply(m)) return true;
+    }
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      if (auto b = s.cancels[j].test(comm_)) {
-        any = true;
-        if (take(from_clone::cancel, j, *b)) return true;
-        s.cancels[j].post(comm_, roles_.clones[j], base() + tag_cancel, control_bytes);
-      }
-      if (auto b = s.acks_in[j].test(comm_)) {
-        any = true;
-        take(from_clone::ack, j, *b);
-        s.acks_in[j].post(comm_, roles_.clones[j], base() + tag_ack, control_bytes);
-      }
-      if (auto b = s.refetches_in[j].test(comm_)) {
-        any = true;
-        take(from_clone::refetch, j, *b);
-        s.refetches_in[j].post(comm_, roles_.clones[j], base() + tag_refetch, control_bytes);
-      }
       any |= serve_refetches(j);
       if (!s_) return true;  // a resized tensor ended the session
     }
-    if (any && s_) s_->last_progress = clock::now();
+    if (any) s_->last_progress = clock::now();
     return any;
   }
 
-  enum class from_clone { cancel, ack, refetch };
-
-  /// Applies a control message from clone index `j` to the session in flight; true if it
-  /// ended the session (a cancel). A message naming another session is kept for later:
-  /// a clone rank may already be one session ahead of this source (it completed session i
-  /// with the other sources' data and requested i + 1 while this source, a step behind,
-  /// still closes i), so its acknowledgements, refetches and cancels of i + 1 can arrive
-  /// here first. Dropping them would leave this source waiting for acknowledgements that
-  /// never come again. Undecodable messages are ignored. `apply = false`: only keep
-  /// messages of other sessions (the session in flight is ending).
-  bool take(from_clone kind, std::uint32_t j, std::span<const std::byte> b, bool apply = true) {
-    auto& s = *s_;
-    // True (and the message kept for later) when it names another session.
-    auto elsewhere = [&](std::uint64_t session) {
-      if (session == s.id) return false;
-      early_.push_back({kind, j, session, std::vector<std::byte>(b.begin(), b.end())});
-      if (early_.size() > max_early) early_.pop_front();
+  /// Applies a message of the session in flight from a clone rank; true if it ended the
+  /// session (a cancel).
+  bool apply(const clone_message& m) {
+    if (auto* c = std::get_if<cancel_msg>(&m.body)) {
+      cancelled(m.from, *c);
       return true;
-    };
-    try {
-      switch (kind) {
-        case from_clone::cancel: {
-          auto m = cancel_msg::decode(b);
-          if (elsewhere(m.session) || !apply) return false;
-          const auto code = static_cast<errc>(m.code);
-          const auto who = "clone rank " + std::to_string(roles_.clones[j]);
-          if (code == errc::source_failed)  // failover: this source only is dropped; the others serve on
-            fail_session(errc::source_failed, who + " presumed source " + std::to_string(index_) +
-                                                  " failed (nothing arrived from it in time) and dropped it from session " + std::to_string(s.id));
-          else
-            fail_session(errc::cancelled,
-                         who + " gave up session " + std::to_string(s.id) +
-                             (code == errc::cancelled ? std::string(" (cancelled)") : std::string(" (its error: ") + errc_name(code) + ")"),
-                         m.code ? m.code : static_cast<std::uint32_t>(errc::cancelled));
-          return true;
+    }
+    auto& s = *s_;
+    if (auto* a = std::get_if<ack_msg>(&m.body)) {
+      for (auto l : a->layers)
+        if (l < s.acks.size() && !s.acked[m.from][l]) {
+          s.acked[m.from][l] = 1;
+          ++s.acks[l];
         }
-        case from_clone::ack: {
-          auto m = ack_msg::decode(b);
-          if (elsewhere(m.session) || !apply) return false;
-          for (auto l : m.layers)
-            if (l < s.acks.size() && !s.acked[j][l]) {
-              s.acked[j][l] = 1;
-              ++s.acks[l];
-            }
-          return false;
-        }
-        case from_clone::refetch: {
-          auto m = refetch_msg::decode(b);
-          if (elsewhere(m.session) || !apply) return false;
-          if (m.group < plan_.groups().size() && plan_.groups()[m.group].to == j) s.refetch_queue[j].push_back(m.group);
-          return false;
-        }
-      }
-    } catch (const error&) {
+    } else if (auto* r = std::get_if<refetch_msg>(&m.body)) {
+      if (r->group < plan_.groups().size() && plan_.groups()[r->group].to == m.from) s.refetch_queue[m.from].push_back(r->group);
     }
     return false;
+  }
+  /// Clone index `j` gave up the session, or (failover) presumed this source failed: only
+  /// this source is dropped then, the others serve on.
+  void cancelled(std::uint32_t j, const cancel_msg& m) {
+    const auto code = static_cast<errc>(m.code);
+    const auto who = "clone rank " + std::to_string(roles_.clones[j]);
+    if (code == errc::source_failed)
+      fail_session(errc::source_failed, who + " presumed source " + std::to_string(index_) +
+                                            " failed (nothing arrived from it in time) and dropped it from session " + std::to_string(s_->id));
+    else
+      fail_session(errc::cancelled,
+                   who + " gave up session " + std::to_string(s_->id) +
+                       (code == errc::cancelled ? std::string(" (cancelled)") : std::string(" (its error: ") + errc_name(code) + ")"),
+                   m.code ? m.code : static_cast<std::uint32_t>(errc::cancelled));
   }
 
   /// Sends queued refetched groups to clone index `j`, oldest first (the clone posted its
@@ -953,12 +907,7 @@ class source_engine {
       unwithdrawn_sends_ = true;
       retained_buffers::get().keep(std::move(s_->meta));
     }
-    // A receive may have matched a message of the next session meanwhile: keep it.
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      if (auto b = s_->cancels[j].withdraw(comm_)) take(from_clone::cancel, j, *b, false);
-      if (auto b = s_->acks_in[j].withdraw(comm_)) take(from_clone::ack, j, *b, false);
-      if (auto b = s_->refetches_in[j].withdraw(comm_)) take(from_clone::refetch, j, *b, false);
-    }
+    inbox_.close(comm_);  // a receive may have matched a message of the next session meanwhile: kept
     s_.reset();
     post_control();
   }
@@ -996,14 +945,8 @@ class source_engine {
   std::vector<std::optional<request_msg>> got_;
   inbox_slot<Comm> decision_;                     // other sources
   outbox<Comm> trailing_;                         // control messages outliving sessions
-  struct early_message {
-    from_clone kind;
-    std::uint32_t from;
-    std::uint64_t session;
-    std::vector<std::byte> bytes;
-  };
-  static constexpr std::size_t max_early = 64;
-  std::deque<early_message> early_;               // clone messages naming another session (see take())
+  session_inbox<Comm> inbox_;                     // cancels, acknowledgements, refetches from clone ranks
+  static constexpr std::size_t max_recent = 64;
   std::uint64_t served_ = 0, completed_ = 0, failed_ = 0, refused_ = 0;
   std::deque<std::uint64_t> recent_;              // sessions served or refused (see seen())
   std::uint32_t max_epochs_ = 1, epochs_ = 1;     // tag blocks that fit / that sessions rotate over
