@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <optional>
 #include <random>
@@ -17,6 +16,7 @@
 
 #include "checksum.hpp"
 #include "detail/outbox.hpp"
+#include "detail/replica_digests.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
 #include "plan.hpp"
@@ -39,7 +39,7 @@ class clone_engine {
   /// must equal the sources'. Throws `errc::invalid_argument` if this rank is not a clone
   /// rank in `r`, or for invalid roles.
   clone_engine(Comm& comm, deepclone::roles r, deepclone::state<T>& st, settings_t s = {})
-      : comm_(comm), roles_(std::move(r)), state_(st), st_(std::move(s)) {
+      : comm_(comm), roles_(std::move(r)), state_(st), settings_(std::move(s)) {
     roles_.validate(comm_.size());
     auto idx = roles_.clone_index(comm_.rank());
     if (!idx)
@@ -67,14 +67,14 @@ class clone_engine {
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
       if (state_.space(t) != memory_space::host)
         throw error(errc::unsupported, "clone tensor '" + layout_.tensor(t).name + "' lives in device memory: the core engine receives into host memory");
-    if (st_.verify_replicas && Checksum::id == checksum::none::id)
+    if (settings_.verify_replicas && Checksum::id == checksum::none::id)
       throw error(errc::unsupported, "settings.verify_replicas needs a checksum policy; the engine uses checksum::none");
-    plan_ = Engine::make_plan(layout_, roles_, st_);
-    max_epochs_ = epochs_that_fit(comm_, st_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
+    plan_ = Engine::make_plan(layout_, roles_, settings_);
+    max_epochs_ = epochs_that_fit(comm_, settings_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
     nonce_ = nonces_();
-    request_msg m{index_, nonce_, layout_.fingerprint(), plan_.key(), st_.verify_replicas ? flag_verify_replicas : 0u};
-    ctl_.send_owned(comm_, roles_.sources[0], st_.tag_base + tag_request, m.encode());
-    decision_.post(comm_, roles_.sources[0], st_.tag_base + tag_decision, control_bytes);
+    request_msg m{index_, nonce_, layout_.fingerprint(), plan_.key(), settings_.verify_replicas ? flag_verify_replicas : 0u};
+    ctl_.send_owned(comm_, roles_.sources[0], settings_.tag_base + tag_request, m.encode());
+    decision_.post(comm_, roles_.sources[0], settings_.tag_base + tag_decision, control_bytes);
     t_request_ = clock::now();
     rearm_deadlines();
     standby_s_ = 0;
@@ -115,12 +115,12 @@ class clone_engine {
   void wait_layer(std::size_t l) {
     poll();
     check_layer(l);
-    block([&] { return ready_at_[l].has_value(); });
+    progress_until([&] { return ready_at_[l].has_value(); });
   }
   /// Blocks until the whole state (tensors and metadata) is verified and in place.
   void wait() {
     poll();
-    block([&] { return phase_ == phase::complete; });
+    progress_until([&] { return phase_ == phase::complete; });
   }
   /// Gives up the clone in flight: receives are withdrawn (no byte is written afterwards)
   /// and the sources are told to stop. A new request() may follow.
@@ -152,31 +152,46 @@ class clone_engine {
       poll();
       if (phase_ != phase::complete) throw error(errc::not_ready, "report() before the clone is complete");
     }
-    // A source that failed (or was presumed failed: failover) may never send its figures.
-    const auto until = clock::now() + st_.timeout;
+    await_figures();
+    deepclone::report r;
+    r.session = session_;
+    r.iteration = k_;
+    r.state_bytes = layout_.total_bytes();
+    r.metadata_bytes = meta_.size();
+    r.policies = Engine::describe(settings_);
+    r.agreement_s = agreement_s_;
+    r.readiness_s = readiness_s_;
+    r.standby_s = standby_s_;
+    r.refetched_groups = refetches_;
+    r.replicas_verified = digests_.verified();
+    r.layer_ready_s.resize(ready_at_.size());
+    for (std::size_t l = 0; l < ready_at_.size(); ++l) r.layer_ready_s[l] = *ready_at_[l];
+    r.first_layer_s = ready_at_.empty() ? readiness_s_ : r.layer_ready_s[0];
+    add_peer_figures(r);
+    return r;
+  }
+
+  const deepclone::plan& plan() const noexcept { return plan_; }
+  std::uint32_t index() const noexcept { return index_; }
+
+ private:
+  /// report(): waits (at most settings.timeout) for every source's status and every other
+  /// clone rank's summary. A source that failed (or was presumed failed: failover) may
+  /// never send its figures.
+  void await_figures() {
+    const auto until = clock::now() + settings_.timeout;
     idler<Comm> idle(comm_);
     for (;;) {
       idle.mark();
       guarded_progress();
       bool all = std::all_of(summaries_.begin(), summaries_.end(), [](auto& s) { return s.has_value(); });
       for (std::size_t i = 0; i < statuses_.size(); ++i) all = all && (statuses_[i] || failed_[i]);
-      if (all || clock::now() >= until) break;
+      if (all || clock::now() >= until) return;
       idle.idle(until);
     }
-    deepclone::report r;
-    r.session = session_;
-    r.iteration = k_;
-    r.state_bytes = layout_.total_bytes();
-    r.metadata_bytes = meta_.size();
-    r.policies = Engine::describe(st_);
-    r.agreement_s = agreement_s_;
-    r.readiness_s = readiness_s_;
-    r.standby_s = standby_s_;
-    r.refetched_groups = refetches_;
-    r.replicas_verified = replicas_verified_;
-    r.layer_ready_s.resize(ready_at_.size());
-    for (std::size_t l = 0; l < ready_at_.size(); ++l) r.layer_ready_s[l] = *ready_at_[l];
-    r.first_layer_s = ready_at_.empty() ? readiness_s_ : r.layer_ready_s[0];
+  }
+  /// report(): the figures each source and clone rank sent, missing ones marked so.
+  void add_peer_figures(deepclone::report& r) const {
     for (std::uint32_t i = 0; i < roles_.source_count(); ++i) {
       if (!statuses_[i]) {
         source_figures f;
@@ -193,13 +208,8 @@ class clone_engine {
       summary_msg s = j == index_ ? my_summary() : summaries_[j].value_or(summary_msg{0, j, 0, 0, NAN, NAN, NAN});
       r.clones.push_back({roles_.clones[j], s.bytes_from_sources, s.bytes_from_clones, s.readiness_s, s.standby_s, s.first_layer_s});
     }
-    return r;
   }
 
-  const deepclone::plan& plan() const noexcept { return plan_; }
-  std::uint32_t index() const noexcept { return index_; }
-
- private:
   enum class phase { idle, requested, refused, receiving, complete, failed };
 
   static constexpr std::uint32_t original = ~std::uint32_t{0};
@@ -229,7 +239,7 @@ class clone_engine {
 
   /// Blocks until `pred` holds, making progress; fails after `timeout` without progress.
   template <class Pred>
-  void block(Pred pred, bool count_standby = true) {
+  void progress_until(Pred pred, bool count_standby = true) {
     auto t0 = clock::now();
     idler<Comm> idle(comm_);
     try {
@@ -249,8 +259,8 @@ class clone_engine {
   }
 
   void rearm_deadlines() {
-    deadline_ = clock::now() + st_.timeout;
-    stall_check_ = clock::now() + st_.failover_after;
+    deadline_ = clock::now() + settings_.timeout;
+    stall_check_ = clock::now() + settings_.failover_after;
   }
 
   /// One round of progress under the clone's deadlines (the one place they are applied,
@@ -262,11 +272,11 @@ class clone_engine {
     const auto now = clock::now();
     if (phase_ == phase::receiving && now >= stall_check_) {
       failover_stalled();
-      stall_check_ = now + st_.failover_after;
+      stall_check_ = now + settings_.failover_after;
     }
     if (now >= deadline_ && in_flight())
       fail(errc::timeout, "clone rank " + std::to_string(index_) + ": nothing arrived for " +
-                              std::to_string(std::chrono::duration<double>(st_.timeout).count()) + " s; still missing: " + missing());
+                              std::to_string(std::chrono::duration<double>(settings_.timeout).count()) + " s; still missing: " + missing());
   }
 
   /// Hands the layers that became ready since the last call, in the order they did, and the
@@ -319,7 +329,7 @@ class clone_engine {
     any |= mark_ready_layers();
     send_acks();
     if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }) &&
-        replicas_agree()) {
+        digests_.agree(checksum::fold_pieces(sums_), k_, failed_)) {
       t_complete_ = clock::now();
       readiness_s_ = seconds_since(t_request_, t_complete_);
       phase_ = phase::complete;
@@ -333,31 +343,38 @@ class clone_engine {
   /// garbage and decisions that answer another request; a session decided on an older
   /// request of this rank that it never joined is cancelled, so the sources do not wait.
   bool progress_agreement() {
-    if (phase_ == phase::requested) {
-      auto b = decision_.test(comm_);
-      if (!b) return false;
-      std::optional<decision_msg> d;
-      try {
-        d = decision_msg::decode(*b);
-      } catch (const error&) {
-      }
-      if (!d || d->nonce != nonce_) {
-        if (d && d->status == verdict::accepted && !has_joined(d->session)) cancel_session(d->session, errc::cancelled);
-        decision_.post(comm_, roles_.sources[0], st_.tag_base + tag_decision, control_bytes);
-        return true;
-      }
-      if (d->status == verdict::accepted) begin(*d);
-      else if (d->status == verdict::stopped)
-        fail(errc::source_failed, "the sources finished training (last step " + std::to_string(d->iteration) +
-                                      ") before they could serve this clone's request");
-      else {
-        refusal_ = d;
-        post_layout();
-        phase_ = phase::refused;
-      }
+    if (phase_ == phase::requested) return take_decision();
+    if (phase_ == phase::refused) return take_refusal_layout();
+    return false;
+  }
+  /// The answer to this rank's request: the decision (begin), the sources' stop, or a
+  /// refusal whose layout follows.
+  bool take_decision() {
+    auto b = decision_.test(comm_);
+    if (!b) return false;
+    std::optional<decision_msg> d;
+    try {
+      d = decision_msg::decode(*b);
+    } catch (const error&) {
+    }
+    if (!d || d->nonce != nonce_) {
+      if (d && d->status == verdict::accepted && !has_joined(d->session)) cancel_session(d->session, errc::cancelled);
+      decision_.post(comm_, roles_.sources[0], settings_.tag_base + tag_decision, control_bytes);
       return true;
     }
-    if (phase_ != phase::refused) return false;
+    if (d->status == verdict::accepted) begin(*d);
+    else if (d->status == verdict::stopped)
+      fail(errc::source_failed, "the sources finished training (last step " + std::to_string(d->iteration) +
+                                    ") before they could serve this clone's request");
+    else {
+      refusal_ = d;
+      post_layout();
+      phase_ = phase::refused;
+    }
+    return true;
+  }
+  /// A refusal's layout of the sources (the difference is named from it).
+  bool take_refusal_layout() {
     auto b = source_layout_.test(comm_);
     if (!b) return false;
     std::optional<layout_msg> m;
@@ -370,7 +387,7 @@ class clone_engine {
     return true;
   }
   void post_layout() {
-    source_layout_.post(comm_, roles_.sources[0], st_.tag_base + tag_layout, layout_msg::size_for(refusal_->layout_bytes));
+    source_layout_.post(comm_, roles_.sources[0], settings_.tag_base + tag_layout, layout_msg::size_for(refusal_->layout_bytes));
   }
 
   /// Metadata: its header (whose length is checked against settings.max_metadata_bytes
@@ -387,9 +404,9 @@ class clone_engine {
       if (h.iteration != k_)
         fail(errc::corrupt_message, "metadata header of session " + std::to_string(h.session) + " names iteration " +
                                         std::to_string(h.iteration) + ", expected " + std::to_string(k_));
-      if (h.bytes > st_.max_metadata_bytes)
+      if (h.bytes > settings_.max_metadata_bytes)
         fail(errc::corrupt_message, "metadata header announces " + std::to_string(h.bytes) + " bytes, more than settings.max_metadata_bytes (" +
-                                        std::to_string(st_.max_metadata_bytes) + ")");
+                                        std::to_string(settings_.max_metadata_bytes) + ")");
       meta_expect_ = h;
       meta_.assign(static_cast<std::size_t>(h.bytes), std::byte{0});
       meta_req_ = comm_.irecv(roles_.sources[0], tags_.meta(), meta_);
@@ -460,40 +477,6 @@ class clone_engine {
   }
   bool has_joined(std::uint64_t session) const { return std::find(joined_.begin(), joined_.end(), session) != joined_.end(); }
 
-  /// verify_replicas: true once every source that has not failed sent the digest of its
-  /// replica and each digest equals the received state's (the fold of the verified piece
-  /// checksums, in plan order). Fails the clone on any difference. Without the option, true.
-  bool replicas_agree() {
-    if (!verify_) return true;
-    for (std::uint32_t i = 0; i < digests_.size(); ++i)
-      if (!digests_[i] && !failed_[i]) return false;
-    const std::uint64_t mine = checksum::fold_pieces(sums_);
-    auto hex = [](std::uint64_t v) {
-      char b[19];
-      std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(v));
-      return std::string(b);
-    };
-    std::string differ, agree;
-    replicas_verified_ = 0;
-    for (std::uint32_t i = 0; i < digests_.size(); ++i) {
-      if (!digests_[i]) continue;
-      std::string who = "source " + std::to_string(i) + " (rank " + std::to_string(roles_.sources[i]) + ")";
-      if (digests_[i]->digest == mine) {
-        ++replicas_verified_;
-        agree += (agree.empty() ? "" : ", ") + who;
-      } else {
-        differ += (differ.empty() ? "" : ", ") + who + " has " + hex(digests_[i]->digest);
-      }
-    }
-    if (!differ.empty())
-      fail(errc::replica_mismatch, "the sources' replicas of iteration " + std::to_string(k_) +
-                                       " differ: the received state has digest " + hex(mine) +
-                                       (agree.empty() ? "" : " (as " + agree + ")") + ", but " + differ);
-    if (replicas_verified_ == 0)
-      fail(errc::source_failed, "settings.verify_replicas: every source failed before sending the digest of its replica");
-    return true;
-  }
-
   bool progress_group(inbound& in) {
     if (in.verified) return false;
     bool any = false;
@@ -541,13 +524,22 @@ class clone_engine {
   /// and the checksums an intact header of the group's first sender announced: bytes served
   /// again must equal what that sender held at iteration k.
   std::optional<std::string> check(inbound& in) {
-    auto& g = plan_.groups()[in.group];
     group_header h;
     try {
       h = group_header::decode(in.header);
     } catch (const error& e) {
       return e.details();
     }
+    if (auto problem = check_header(in, h)) return problem;
+    if (in.expected.empty() && !plan_.groups()[in.group].exchange)
+      for (auto& c : h.pieces) in.expected.push_back(c.checksum);
+    if (in.short_piece) return "a data message was shorter than its piece (truncated)";
+    return check_pieces(in, h);
+  }
+  /// What is wrong with a group's header: a source's refusal, or another session,
+  /// iteration, layer, sender or piece list than the plan's.
+  std::optional<std::string> check_header(const inbound& in, const group_header& h) {
+    auto& g = plan_.groups()[in.group];
     const bool refetched = in.refetch_from != original;
     const std::uint32_t from = refetched ? in.refetch_from : g.from;
     if (h.refused == refusal::changed && h.session == session_ && h.refused_tensor < layout_.tensor_count())
@@ -566,9 +558,14 @@ class clone_engine {
       if (h.pieces[i].tensor != p.tensor || h.pieces[i].offset != p.offset || h.pieces[i].length != p.length)
         return "header describes a different piece than the plan's " + range_name(p);
     }
-    if (in.expected.empty() && !g.exchange)
-      for (auto& c : h.pieces) in.expected.push_back(c.checksum);
-    if (in.short_piece) return "a data message was shorter than its piece (truncated)";
+    return std::nullopt;
+  }
+  /// Checksums the received pieces against the header (and, refetched, against what the
+  /// first sender announced), recording the sums of the verified ones.
+  std::optional<std::string> check_pieces(const inbound& in, const group_header& h) {
+    auto& g = plan_.groups()[in.group];
+    const bool refetched = in.refetch_from != original;
+    const std::uint32_t from = refetched ? in.refetch_from : g.from;
     for (std::size_t i = 0; i < g.pieces.size(); ++i) {
       auto& p = plan_.pieces()[g.pieces[i]];
       auto sum = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
@@ -621,16 +618,10 @@ class clone_engine {
       }
     if (!next) fail(code, why + "; no other source could deliver it (tried " + std::to_string(n) + ")");
     refetch_msg m{session_, index_, in.group};
-    ctl_.send_owned(comm_, roles_.sources[*next], st_.tag_base + tag_refetch, m.encode());
+    ctl_.send_owned(comm_, roles_.sources[*next], settings_.tag_base + tag_refetch, m.encode());
     in.refetch_from = *next;
-    in.header.assign(group_header::size_for(g.pieces.size()), std::byte{0});
-    in.header_done = false;
-    in.header_req = comm_.irecv(roles_.sources[*next], tags_.refetch_header(), in.header);
-    in.data.clear();
-    in.done.clear();
-    in.data_done = 0;
-    in.data_posted = false;
     in.short_piece = false;
+    post_group_receives(in, roles_.sources[*next], false, true);
     ++refetches_;
   }
 
@@ -685,15 +676,15 @@ class clone_engine {
     for (auto& in : inbound_)
       if (!in.verified)
         if (auto s = source_of(in)) silent[*s] = 1;
-    if (verify_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }))
+    if (std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }))
       for (std::uint32_t s = 0; s < silent.size(); ++s)
-        if (!digests_[s] && !failed_[s]) silent[s] = 1;  // delivered its share, but not its digest
+        if (digests_.awaited(s) && !failed_[s]) silent[s] = 1;  // delivered its share, but not its digest
     cancel_msg m{session_, index_, static_cast<std::uint32_t>(errc::source_failed)};  // "you are presumed failed"
     for (std::uint32_t s = 0; s < silent.size(); ++s)
       if (silent[s]) {
-        ctl_.send_owned(comm_, roles_.sources[s], st_.tag_base + tag_cancel, m.encode());
+        ctl_.send_owned(comm_, roles_.sources[s], settings_.tag_base + tag_cancel, m.encode());
         source_failed(s, "nothing arrived from it for " +
-                             std::to_string(std::chrono::duration<double>(st_.failover_after).count()) + " s");
+                             std::to_string(std::chrono::duration<double>(settings_.failover_after).count()) + " s");
       }
   }
 
@@ -707,7 +698,7 @@ class clone_engine {
       }
       auto b = m.encode();
       for (std::uint32_t s = 0; s < roles_.source_count(); ++s)
-        if (!failed_[s]) ctl_.send_owned(comm_, roles_.sources[s], st_.tag_base + tag_ack, b);
+        if (!failed_[s]) ctl_.send_owned(comm_, roles_.sources[s], settings_.tag_base + tag_ack, b);
     }
   }
 
@@ -741,7 +732,7 @@ class clone_engine {
     agreement_s_ = seconds_since(t_request_);
     phase_ = phase::receiving;
     const std::size_t L = layout_.layer_count();
-    tags_ = session_tags{st_.tag_base, L, d.epoch};
+    tags_ = session_tags{settings_.tag_base, L, d.epoch};
     if (d.epoch >= max_epochs_)
       fail(errc::corrupt_message, "the fork decision names tag block " + std::to_string(d.epoch) + ", beyond the " +
                                       std::to_string(max_epochs_) + " this communicator's tags allow");
@@ -751,6 +742,16 @@ class clone_engine {
                                       "); a clone's tensors must stay in place until wait() returns");
     posted_.clear();
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t) posted_.push_back(state_.bytes(t));
+    reset_transfer();
+    post_peer_receives();
+    digests_.open(comm_, roles_.sources, settings_.tag_base, (d.flags & flag_verify_replicas) != 0);
+    meta_header_.post(comm_, roles_.sources[0], tags_.meta_header(), control_bytes);
+    post_plan_receives();
+  }
+
+  /// The session's transfer bookkeeping, empty.
+  void reset_transfer() {
+    const std::size_t L = layout_.layer_count();
     ready_at_.assign(L, std::nullopt);
     told_.assign(L, 0);
     pending_.assign(L, 0);
@@ -765,58 +766,54 @@ class clone_engine {
     unacked_.clear();
     refetches_ = 0;
     any_source_delivered_ = false;
+  }
+
+  /// The receives of the figures peers send: every source's status, every other clone
+  /// rank's summary.
+  void post_peer_receives() {
     statuses_.assign(roles_.source_count(), std::nullopt);
     status_slots_.resize(roles_.source_count());
     for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
-      status_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_status, control_bytes);
-    verify_ = (d.flags & flag_verify_replicas) != 0;
-    replicas_verified_ = 0;
-    digests_.assign(roles_.source_count(), std::nullopt);
-    digest_slots_.resize(verify_ ? roles_.source_count() : 0);
-    for (std::uint32_t i = 0; i < digest_slots_.size(); ++i)
-      digest_slots_[i].post(comm_, roles_.sources[i], st_.tag_base + tag_digest, control_bytes);
+      status_slots_[i].post(comm_, roles_.sources[i], settings_.tag_base + tag_status, control_bytes);
     summaries_.assign(roles_.clone_count(), std::nullopt);
     summaries_[index_] = summary_msg{};  // our own is built on demand
     summary_slots_.resize(roles_.clone_count());
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
-      if (j != index_) summary_slots_[j].post(comm_, roles_.clones[j], st_.tag_base + tag_summary, control_bytes);
-    meta_header_.post(comm_, roles_.sources[0], tags_.meta_header(), control_bytes);
-    // Every receive of the plan, posted up front straight into the clone's tensors.
+      if (j != index_) summary_slots_[j].post(comm_, roles_.clones[j], settings_.tag_base + tag_summary, control_bytes);
+  }
+
+  /// Every receive of the plan, posted up front straight into the clone's tensors.
+  void post_plan_receives() {
     auto mine = plan_.received_by_clone(index_);
     inbound_.clear();
     inbound_.reserve(mine.size());
     for (auto g : mine) {
       auto& grp = plan_.groups()[g];
-      int from = grp.exchange ? roles_.clones[grp.from] : roles_.sources[grp.from];
       inbound& in = inbound_.emplace_back();
       in.group = g;
-      in.header.assign(group_header::size_for(grp.pieces.size()), std::byte{0});
-      in.header_req = comm_.irecv(from, tags_.layer(grp.layer, grp.exchange, true), in.header);
-      for (auto pi : grp.pieces) {
-        auto& p = plan_.pieces()[pi];
-        in.data.push_back(comm_.irecv(from, tags_.layer(grp.layer, grp.exchange, false), posted_[p.tensor].subspan(p.offset, p.length)));
-      }
-      in.done.assign(in.data.size(), false);
       in.tried.assign(roles_.source_count(), 0);
+      post_group_receives(in, grp.exchange ? roles_.clones[grp.from] : roles_.sources[grp.from], grp.exchange, false);
       ++pending_[grp.layer];
     }
   }
-
-  /// The control message that `slot` received from `peer`, if one arrived that names this
-  /// session; garbage (undecodable, failed seal) and stale messages of older sessions are
-  /// dropped and the receive posted again.
-  template <class M>
-  std::optional<M> take_control(inbox_slot<Comm>& slot, int peer, int tag) {
-    auto b = slot.test(comm_);
-    if (!b) return std::nullopt;
-    std::optional<M> m;
-    try {
-      m = M::decode(*b);
-    } catch (const error&) {
-    }
-    if (m && m->session == session_) return m;
-    slot.post(comm_, peer, tag, control_bytes);
-    return std::nullopt;
+  /// Posts the receives of `in`'s header and pieces from rank `from`, on the tags of a
+  /// source's group or a forwarded one (`forwarded`). A refetch (`refetch`: `from` is a
+  /// source serving the group again) posts only the header: its data receives follow once
+  /// the header announced them (post_refetch_data).
+  void post_group_receives(inbound& in, int from, bool forwarded, bool refetch) {
+    auto& g = plan_.groups()[in.group];
+    in.header.assign(group_header::size_for(g.pieces.size()), std::byte{0});
+    in.header_done = false;
+    in.header_req = comm_.irecv(from, refetch ? tags_.refetch_header() : tags_.layer(g.layer, forwarded, true), in.header);
+    in.data.clear();
+    in.data_done = 0;
+    in.data_posted = !refetch;
+    if (!refetch)
+      for (auto pi : g.pieces) {
+        auto& p = plan_.pieces()[pi];
+        in.data.push_back(comm_.irecv(from, tags_.layer(g.layer, forwarded, false), posted_[p.tensor].subspan(p.offset, p.length)));
+      }
+    in.done.assign(in.data.size(), false);
   }
 
   /// A peer clone rank gave up: the whole group fails for its reason. After a peer's timeout
@@ -832,7 +829,7 @@ class clone_engine {
   bool poll_statuses() {
     bool any = false;
     for (std::uint32_t i = 0; i < status_slots_.size(); ++i) {
-      auto s = take_control<status_msg>(status_slots_[i], roles_.sources[i], st_.tag_base + tag_status);
+      auto s = take_control<status_msg>(comm_, status_slots_[i], session_);
       if (!s) continue;
       any = true;
       statuses_[i] = *s;
@@ -842,19 +839,10 @@ class clone_engine {
         fail_with_peer(i, *s);
       source_failed(i, s->reason, static_cast<errc>(s->code));
     }
-    for (std::uint32_t i = 0; i < digest_slots_.size(); ++i) {
-      auto m = take_control<digest_msg>(digest_slots_[i], roles_.sources[i], st_.tag_base + tag_digest);
-      if (!m) continue;
-      any = true;
-      if (m->iteration != k_ || m->source_index != i)
-        fail(errc::corrupt_message, "replica digest from source rank " + std::to_string(roles_.sources[i]) + " names iteration " +
-                                        std::to_string(m->iteration) + " and source " + std::to_string(m->source_index) +
-                                        "; expected " + std::to_string(k_) + " and " + std::to_string(i));
-      digests_[i] = *m;
-    }
+    any |= digests_.poll(comm_, session_, k_);
     for (std::uint32_t j = 0; j < summary_slots_.size(); ++j) {
       if (j == index_) continue;
-      if (auto m = take_control<summary_msg>(summary_slots_[j], roles_.clones[j], st_.tag_base + tag_summary)) {
+      if (auto m = take_control<summary_msg>(comm_, summary_slots_[j], session_)) {
         any = true;
         summaries_[j] = *m;
       }
@@ -893,7 +881,7 @@ class clone_engine {
     summary_sent_ = true;
     auto s = my_summary().encode();
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
-      if (j != index_) ctl_.send_owned(comm_, roles_.clones[j], st_.tag_base + tag_summary, s);
+      if (j != index_) ctl_.send_owned(comm_, roles_.clones[j], settings_.tag_base + tag_summary, s);
   }
 
   summary_msg my_summary() const {
@@ -916,8 +904,8 @@ class clone_engine {
     }
     if (shown > 4) out += " and " + std::to_string(shown - 4) + " more groups";
     if (!meta_done_) out += std::string(out.empty() ? "" : ", ") + "the metadata";
-    for (std::uint32_t i = 0; i < digests_.size() && verify_; ++i)
-      if (!digests_[i] && !failed_[i])
+    for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
+      if (digests_.awaited(i) && !failed_[i])
         out += std::string(out.empty() ? "" : ", ") + "the replica digest of source rank " + std::to_string(roles_.sources[i]);
     if (out.empty()) out = "forwards to other clone ranks / source statuses";
     return out;
@@ -936,11 +924,11 @@ class clone_engine {
   void tell_sources_cancel(errc why) {
     if (phase_ == phase::receiving) return cancel_session(session_, why);
     request_msg m{.clone_index = index_, .nonce = nonce_, .layout_fingerprint = 0, .key = {}, .flags = flag_withdraw};
-    ctl_.send_owned(comm_, roles_.sources[0], st_.tag_base + tag_request, m.encode());
+    ctl_.send_owned(comm_, roles_.sources[0], settings_.tag_base + tag_request, m.encode());
   }
   void cancel_session(std::uint64_t session, errc why) {
     cancel_msg m{session, index_, static_cast<std::uint32_t>(why)};
-    for (int s : roles_.sources) ctl_.send_owned(comm_, s, st_.tag_base + tag_cancel, m.encode());
+    for (int s : roles_.sources) ctl_.send_owned(comm_, s, settings_.tag_base + tag_cancel, m.encode());
   }
 
   /// Withdraws every receive and send of the session: after it, no byte of a clone tensor
@@ -956,7 +944,7 @@ class clone_engine {
     source_layout_.cancel(comm_);
     for (auto& s : status_slots_) s.cancel(comm_);
     for (auto& s : summary_slots_) s.cancel(comm_);
-    for (auto& s : digest_slots_) s.cancel(comm_);
+    digests_.cancel(comm_);
     fwd_.clear(comm_);
     // Control messages (requests, cancels, summaries) are small; give them a moment.
     ctl_.wait_all(comm_, std::chrono::milliseconds(100));
@@ -966,7 +954,7 @@ class clone_engine {
   Comm& comm_;
   deepclone::roles roles_;
   deepclone::state<T>& state_;
-  settings_t st_;
+  settings_t settings_;
   std::uint32_t index_ = 0;
   deepclone::layout layout_;
   deepclone::plan plan_;
@@ -997,10 +985,7 @@ class clone_engine {
   std::vector<inbox_slot<Comm>> status_slots_, summary_slots_;
   std::vector<std::optional<status_msg>> statuses_;
   std::vector<std::optional<summary_msg>> summaries_;
-  bool verify_ = false;                  // this session checks the sources' replica digests
-  std::uint32_t replicas_verified_ = 0;
-  std::vector<inbox_slot<Comm>> digest_slots_;
-  std::vector<std::optional<digest_msg>> digests_;
+  replica_digests<Comm> digests_;        // verify_replicas
   std::vector<inbound> inbound_;
   std::vector<std::uint64_t> sums_;
   std::vector<char> failed_;             // sources that reported or were presumed failed

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checksum.hpp"
+#include "detail/fork_messages.hpp"
 #include "detail/outbox.hpp"
 #include "detail/session_inbox.hpp"
 #include "detail/wire.hpp"
@@ -51,26 +52,27 @@ class source_engine {
   /// the source exists. Throws `errc::invalid_argument` if this rank is not a source in
   /// `r`, or for invalid roles.
   source_engine(Comm& comm, deepclone::roles r, deepclone::state<T>& st, settings_t s = {})
-      : comm_(comm), roles_(std::move(r)), state_(st), st_(std::move(s)) {
+      : comm_(comm), roles_(std::move(r)), state_(st), settings_(std::move(s)) {
     roles_.validate(comm_.size());
     auto idx = roles_.source_index(comm_.rank());
     if (!idx)
       throw error(errc::invalid_argument, "rank " + std::to_string(comm_.rank()) + " is not a source in the given roles");
-    if (st_.fork_lead < 1) throw error(errc::invalid_argument, "settings.fork_lead must be at least 1");
+    if (settings_.fork_lead < 1) throw error(errc::invalid_argument, "settings.fork_lead must be at least 1");
     index_ = *idx;
+    fork_msgs_ = fork_messages<Comm>(roles_, index_ == 0, base());
     layout_ = state_.describe();
-    plan_ = Engine::make_plan(layout_, roles_, st_);
-    max_epochs_ = epochs_that_fit(comm_, st_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
-    epochs_ = std::min(max_epochs_, std::max<std::uint32_t>(st_.tag_epochs, 1));
+    plan_ = Engine::make_plan(layout_, roles_, settings_);
+    max_epochs_ = epochs_that_fit(comm_, settings_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
+    epochs_ = std::min(max_epochs_, std::max<std::uint32_t>(settings_.tag_epochs, 1));
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
-      if (!pipeline_moves(st_.pipeline, state_.space(t)))
+      if (!pipeline_moves(settings_.pipeline, state_.space(t)))
         throw error(errc::unsupported, "tensor '" + layout_.tensor(t).name +
                                            "' lives in device memory: the core engine sends host memory; use a device pipeline");
     updated_.assign(layout_.layer_count(), 0);
     // Allocated and touched here, before training: fresh memory's first touch is slow.
     if constexpr (requires(const Pipeline& p) { { p.reserve(std::uint64_t{}) } -> std::convertible_to<std::uint64_t>; })
-      pipeline_mem_.assign(static_cast<std::size_t>(st_.pipeline.reserve(plan_.bytes_of_source(index_))), std::byte{0});
-    if (st_.check_writes) written_sums_.assign(layout_.tensor_count(), std::nullopt);
+      pipeline_mem_.assign(static_cast<std::size_t>(settings_.pipeline.reserve(plan_.bytes_of_source(index_))), std::byte{0});
+    if (settings_.check_writes) written_sums_.assign(layout_.tensor_count(), std::nullopt);
     acks_needed_.assign(layout_.layer_count(), 0);
     {
       std::vector<std::vector<char>> receives(layout_.layer_count(), std::vector<char>(roles_.clone_count(), 0));
@@ -102,9 +104,9 @@ class source_engine {
     if (updated_[layer] == generation_)
       throw error(errc::hook_order, "layer " + std::to_string(layer) + " updated twice in iteration " + current_name() +
                                         " (missing end_iteration?)");
-    if (st_.check_writes) check_untouched(layer);
+    if (settings_.check_writes) check_untouched(layer);
     open_ = static_cast<long>(layer);
-    if (s_ && s_->final[layer] && !s_->released[layer]) close_window(layer);
+    if (session_ && session_->final[layer] && !session_->released[layer]) close_window(layer);
   }
 
   /// Call right after layer `layer` was updated. In the fork iteration this hands the
@@ -118,11 +120,11 @@ class source_engine {
                                         (open_ >= 0 ? " (layer " + std::to_string(open_) + " is open)" : ""));
     open_ = -1;
     updated_[layer] = generation_;
-    if (st_.check_writes)
+    if (settings_.check_writes)
       for (std::size_t t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) written_sums_[t] = host_sum(t);
-    if (s_ && last_step_ && *last_step_ + 1 == s_->k)
+    if (session_ && last_step_ && *last_step_ + 1 == session_->k)
       make_final(layer);
-    else if (s_)
+    else if (session_)
       poll_session();
   }
 
@@ -139,31 +141,31 @@ class source_engine {
     if (finished_) throw error(errc::hook_order, "end_iteration after finish()");
     last_step_ = step;
     ++generation_;
-    if (s_ && step == s_->k) {
-      for (std::size_t l = 0; l < layout_.layer_count() && s_; ++l)
-        if (!s_->final[l]) make_final(l);  // layers not updated in k
-      if (s_ && index_ == 0) send_metadata(state_.metadata());
-      if (s_) pipeline_fork_iteration_ended();
+    if (session_ && step == session_->k) {
+      for (std::size_t l = 0; l < layout_.layer_count() && session_; ++l)
+        if (!session_->final[l]) make_final(l);  // layers not updated in k
+      if (session_ && index_ == 0) send_metadata(state_.metadata());
+      if (session_) pipeline_fork_iteration_ended();
     }
     // The iteration's duration, end to end, this hook included.
     auto now = clock::now();
     if (last_end_) {
       double d = seconds_since(*last_end_, now);
-      if (s_ && step >= s_->k) s_->fork_durations.push_back(d);
-      else if (!s_) {  // iterations between the decision and k count as neither
+      if (session_ && step >= session_->k) session_->fork_durations.push_back(d);
+      else if (!session_) {  // iterations between the decision and k count as neither
         normal_.push_back(d);
         if (normal_.size() > 32) normal_.pop_front();
       }
     }
     last_end_ = now;
-    if (s_) poll_session();
-    if (s_ && step < s_->k) s_->last_progress = now;  // waiting for k is not a stall
-    if (s_) expired("no clone rank received or acknowledged anything (a clone rank may have vanished); the session was dropped");
+    if (session_) poll_session();
+    if (session_ && step < session_->k) session_->last_progress = now;  // waiting for k is not a stall
+    if (session_) expired("no clone rank received or acknowledged anything (a clone rank may have vanished); the session was dropped");
     t.flush();
-    if (s_ && step >= s_->k && delivered()) complete_session();
+    if (session_ && step >= session_->k && delivered()) complete_session();
     if constexpr (Agreement::trainer_collective)  // should the next collective fork at this iteration,
       if (index_ == 0) fork_meta_ = state_.metadata(), fork_meta_->step = step;  // its metadata as it is now
-    if (!s_) handle_control(step);
+    if (!session_) handle_control(step);
     trailing_.poll(comm_);
     trailing_.compact();
   }
@@ -179,11 +181,11 @@ class source_engine {
     hook_timer t(*this);
     check_outside_update("fork_word()");
     bool ready = false;
-    if (index_ == 0 && !s_ && !finished_ && last_step_) {
-      take_requests();  // a request that arrived during this iteration counts at once
+    if (index_ == 0 && !session_ && !finished_ && last_step_) {
+      fork_msgs_.take_requests(comm_);  // a request that arrived during this iteration counts at once
       ready = accepted_requests();
     }
-    word_ = (ready ? 1u : 0u) + (s_ ? 2u : 0u);
+    word_ = (ready ? 1u : 0u) + (session_ ? 2u : 0u);
     return word_;
   }
   /// agreement::collective, second call: `sum` is the sum of every source's fork_word() of
@@ -199,10 +201,10 @@ class source_engine {
       throw error(errc::invalid_argument, "fork_agreed(" + std::to_string(sum) + ") on source " + std::to_string(index_) +
                                               ", whose fork_word() was " + std::to_string(given) +
                                               ": pass the sum of every source's fork_word() of this iteration");
-    if (sum != 1 || s_ || finished_) return;
+    if (sum != 1 || session_ || finished_) return;
     if (index_ == 0) fork_now();
     else join_fork();
-    if (s_) send_final_layers();
+    if (session_) send_final_layers();
   }
 
   /// Ends this source's participation: an in-flight transfer is completed (or fails with
@@ -210,34 +212,27 @@ class source_engine {
   void finish() {
     if (finished_) return;
     finished_ = true;
-    if (!s_ && index_ != 0 && !Agreement::trainer_collective && decision_.posted()) {
-      if (auto b = decision_.test(comm_)) {  // a decision that raced with the end of training
-        try {
-          auto d = decision_msg::decode(*b);
-          if (!seen(d.session)) start_session(d);
-        } catch (const error&) {
-        }
-      }
-    }
-    if (s_) {
-      if (!last_step_ || *last_step_ < s_->k)
+    if (!session_ && index_ != 0 && !Agreement::trainer_collective)
+      if (auto d = fork_msgs_.take_decision(comm_); d && !fork_msgs_.seen(d->session))  // raced with the end of training
+        start_session(*d);
+    if (session_) {
+      if (!last_step_ || *last_step_ < session_->k)
         fail_session(errc::source_failed, "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
                                               ") finished training at step " + (last_step_ ? std::to_string(*last_step_) : "none") +
-                                              ", before the fork iteration " + std::to_string(s_->k));
-      else if (settle([&] { return delivered(); }, "outstanding sends were not delivered within the timeout at finish()"))
+                                              ", before the fork iteration " + std::to_string(session_->k));
+      else if (progress_until([&] { return delivered(); }, "outstanding sends were not delivered within the timeout at finish()"))
         complete_session();
     }
     if (index_ == 0) refuse_pending_requests();
-    for (auto& r : requests_) r.cancel(comm_);
-    decision_.cancel(comm_);
-    trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(st_.timeout, std::chrono::seconds(1)));
+    fork_msgs_.cancel(comm_);
+    trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(settings_.timeout, std::chrono::seconds(1)));
     trailing_.clear(comm_);
   }
 
   /// True while a clone session is agreed or in flight.
-  bool cloning() const noexcept { return s_.has_value(); }
+  bool cloning() const noexcept { return session_.has_value(); }
   /// The fork iteration of the session in flight.
-  std::optional<std::uint64_t> fork_iteration() const { return s_ ? std::optional(s_->k) : std::nullopt; }
+  std::optional<std::uint64_t> fork_iteration() const { return session_ ? std::optional(session_->k) : std::nullopt; }
   std::uint64_t sessions_completed() const noexcept { return completed_; }
   std::uint64_t sessions_failed() const noexcept { return failed_; }
   /// Requests the coordinator refused (a clone's layout or plan settings differ).
@@ -245,7 +240,7 @@ class source_engine {
   /// pipeline::spill: bytes copied into the spill buffer so far, over all sessions (0 when
   /// the network kept up with the trainer).
   std::uint64_t bytes_spilled() const noexcept {
-    if constexpr (requires(const Pipeline& p) { p.bytes_spilled(); }) return st_.pipeline.bytes_spilled();
+    if constexpr (requires(const Pipeline& p) { p.bytes_spilled(); }) return settings_.pipeline.bytes_spilled();
     else return 0;
   }
   /// Why the last failed or refused session ended so (the source itself keeps training).
@@ -259,26 +254,26 @@ class source_engine {
    public:
     explicit pipeline_context(source_engine& e) : e_(e) {}
     std::size_t layers() const override { return e_.layout_.layer_count(); }
-    std::uint64_t fork_iteration() const override { return e_.s_->k; }
-    bool fork_iteration_ended() const override { return e_.last_step_ && *e_.last_step_ >= e_.s_->k; }
-    bool active() const override { return e_.s_.has_value(); }
+    std::uint64_t fork_iteration() const override { return e_.session_->k; }
+    bool fork_iteration_ended() const override { return e_.last_step_ && *e_.last_step_ >= e_.session_->k; }
+    bool active() const override { return e_.session_.has_value(); }
     std::uint64_t bytes_of_source() const override { return e_.plan_.bytes_of_source(e_.index_); }
     std::span<std::byte> memory() override { return e_.pipeline_mem_; }
     std::vector<outgoing> pieces(std::size_t l) override { return e_.outgoing_of(l); }
     void summed(std::uint32_t pi, std::span<const std::byte> bytes) override {
-      e_.s_->piece_sums.at(pi) = Checksum::compute(bytes);
-      e_.s_->summed.at(pi) = 1;
+      e_.session_->piece_sums.at(pi) = Checksum::compute(bytes);
+      e_.session_->summed.at(pi) = 1;
     }
     request post(const data_send& d) override { return e_.post_data(d); }
     void send_headers(std::size_t l) override { e_.send_headers(l); }
-    bool done(request r) override { return e_.s_->out.done(e_.comm_, r); }
-    bool sends_done(std::size_t l) override { return e_.sends_done(e_.s_->layer_reqs.at(l)); }
-    bool refetches_done(std::size_t l) override { return e_.sends_done(e_.s_->refetch_reqs.at(l)); }
-    bool verified(std::size_t l) const override { return e_.s_->acks.at(l) >= e_.acks_needed_.at(l); }
-    bool verified_by(std::size_t l, std::uint32_t clone) const override { return e_.s_->acked.at(clone).at(l) != 0; }
-    bool released(std::size_t l) const override { return e_.s_->released.at(l); }
+    bool done(request r) override { return e_.session_->out.done(e_.comm_, r); }
+    bool sends_done(std::size_t l) override { return e_.sends_done(e_.session_->layer_reqs.at(l)); }
+    bool refetches_done(std::size_t l) override { return e_.sends_done(e_.session_->refetch_reqs.at(l)); }
+    bool verified(std::size_t l) const override { return e_.session_->acks.at(l) >= e_.acks_needed_.at(l); }
+    bool verified_by(std::size_t l, std::uint32_t clone) const override { return e_.session_->acked.at(clone).at(l) != 0; }
+    bool released(std::size_t l) const override { return e_.session_->released.at(l); }
     bool delivered() override { return e_.delivered(); }
-    bool wait_until(const std::function<bool()>& done, const std::string& what) override { return e_.settle(done, what); }
+    bool wait_until(const std::function<bool()>& done, const std::string& what) override { return e_.progress_until(done, what); }
     using pipeline::context::done;
 
    private:
@@ -315,7 +310,7 @@ class source_engine {
     /// Books the time so far; called before a session ends inside the hook.
     void flush() {
       auto now = clock::now();
-      if (e_.s_) e_.s_->hook_s += seconds_since(t0_, now);
+      if (e_.session_) e_.session_->hook_s += seconds_since(t0_, now);
       t0_ = now;
     }
     source_engine& e_;
@@ -328,31 +323,18 @@ class source_engine {
                                         std::to_string(layout_.layer_count()) + " layers");
   }
   std::string current_name() const { return last_step_ ? std::to_string(*last_step_ + 1) : "(first)"; }
-  int base() const { return st_.tag_base; }
+  int base() const { return settings_.tag_base; }
 
   void post_control() {
-    if (finished_) return;
-    if (index_ == 0) {
-      requests_.resize(roles_.clone_count());
-      got_.resize(roles_.clone_count());
-      for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
-        if (!requests_[j].posted()) requests_[j].post(comm_, roles_.clones[j], base() + tag_request, control_bytes);
-    } else if (!decision_.posted()) {
-      decision_.post(comm_, roles_.sources[0], base() + tag_decision, control_bytes);
-    }
+    if (!finished_) fork_msgs_.post(comm_);
   }
 
   void handle_control(std::uint64_t step) {
     if (index_ != 0) {
       if constexpr (Agreement::trainer_collective) return;  // fork_agreed() takes the decision
-      auto b = decision_.test(comm_);
-      if (!b) return;
-      std::optional<decision_msg> d;
-      try {
-        d = decision_msg::decode(*b);
-      } catch (const error&) {  // a peer's garbage: wait for a real decision
-      }
-      if (!d || seen(d->session)) {  // garbage, or a duplicate of a decision served before
+      auto d = fork_msgs_.take_decision(comm_);
+      if (!d) return;
+      if (fork_msgs_.seen(d->session)) {  // a duplicate of a decision served before
         post_control();
         return;
       }
@@ -364,19 +346,20 @@ class source_engine {
       return;
     }
     if constexpr (Agreement::trainer_collective) return;  // requests are taken in fork_word()
-    take_requests();
-    if (accepted_requests()) fork_at(step + st_.fork_lead);
+    fork_msgs_.take_requests(comm_);
+    if (accepted_requests()) fork_at(step + settings_.fork_lead);
   }
 
   /// Coordinator: true when every clone rank's request is in hand and matches this
   /// source's layout and plan; a mismatch is refused (every clone rank is told).
   bool accepted_requests() {
-    if (!std::all_of(got_.begin(), got_.end(), [](auto& g) { return g.has_value(); })) return false;
+    if (!fork_msgs_.all_requested()) return false;
     decision_msg d;
     d.key = plan_.key();
-    for (std::uint32_t j = 0; j < got_.size(); ++j) {
-      if (got_[j]->layout_fingerprint != layout_.fingerprint()) d.status = verdict::layout_differs;
-      else if (!(got_[j]->key == plan_.key())) d.status = verdict::plan_differs;
+    auto& got = fork_msgs_.requests();
+    for (std::uint32_t j = 0; j < got.size(); ++j) {
+      if (got[j]->layout_fingerprint != layout_.fingerprint()) d.status = verdict::layout_differs;
+      else if (!(got[j]->key == plan_.key())) d.status = verdict::plan_differs;
       else continue;
       refuse(d, j);
       return false;
@@ -391,17 +374,17 @@ class source_engine {
     d.session = session_base_ + ++served_;
     d.epoch = static_cast<std::uint32_t>((served_ - 1) % epochs_);
     d.iteration = k;
-    for (auto& g : got_) d.flags |= g->flags;
+    for (auto& g : fork_msgs_.requests()) d.flags |= g->flags;
     for (std::uint32_t i = 1; i < roles_.source_count(); ++i)
       trailing_.send_owned(comm_, roles_.sources[i], base() + tag_decision, d.encode());
-    answer_clones(d);
+    fork_msgs_.answer(comm_, trailing_, d);
     start_session(d);
   }
 
   /// A decision this source can no longer serve (iteration k is past): the clone ranks are
   /// told, and fail cleanly.
   void refuse_late_decision(const decision_msg& d, const std::string& when) {
-    remember(d.session);
+    fork_msgs_.remember(d.session);
     status_msg m;
     m.session = d.session;
     m.source_index = index_;
@@ -456,19 +439,14 @@ class source_engine {
   /// source gave up waiting for) is skipped.
   std::optional<decision_msg> await_decision() {
     idler<Comm> idle(comm_);
-    const auto deadline = clock::now() + st_.failover_after;
+    const auto deadline = clock::now() + settings_.failover_after;
     for (;;) {
       idle.mark();
-      if (auto b = decision_.test(comm_)) {
-        std::optional<decision_msg> d;
-        try {
-          d = decision_msg::decode(*b);
-        } catch (const error&) {  // a peer's garbage: wait for the real decision
-        }
+      if (auto d = fork_msgs_.take_decision(comm_)) {
         post_control();
-        if (!d || d->status != verdict::accepted || seen(d->session)) continue;
+        if (d->status != verdict::accepted || fork_msgs_.seen(d->session)) continue;
         if (d->iteration >= *last_step_) return d;
-        remember(d->session);  // a decision of an earlier fork that came after this source gave up on it
+        fork_msgs_.remember(d->session);  // a decision of an earlier fork that came after this source gave up on it
         continue;
       }
       if (clock::now() >= deadline) return std::nullopt;
@@ -478,41 +456,12 @@ class source_engine {
   /// A session agreed in the collective: the layers already final in k leave at once
   /// (every layer when k is the iteration that ended last), with k's metadata then.
   void send_final_layers() {
-    const bool ended = s_->k == *last_step_;
-    for (std::size_t l = 0; l < layout_.layer_count() && s_; ++l)
-      if (!s_->final[l] && (ended || updated_[l] == generation_)) make_final(l);
-    if (!s_ || !ended) return;
+    const bool ended = session_->k == *last_step_;
+    for (std::size_t l = 0; l < layout_.layer_count() && session_; ++l)
+      if (!session_->final[l] && (ended || updated_[l] == generation_)) make_final(l);
+    if (!session_ || !ended) return;
     if (index_ == 0) send_metadata(*std::exchange(meta_to_send_, std::nullopt));
-    if (s_) pipeline_fork_iteration_ended();
-  }
-
-  /// Coordinator: takes every request (or withdrawal) that arrived; the newest request of
-  /// each clone rank counts. Garbage is dropped.
-  void take_requests() {
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      while (auto b = requests_[j].test(comm_)) {
-        try {
-          auto m = request_msg::decode(*b);
-          if (m.clone_index != j) throw error(errc::corrupt_message, "request names another clone rank");
-          if (!(m.flags & flag_withdraw)) got_[j] = m;
-          else if (got_[j] && got_[j]->nonce == m.nonce) got_[j].reset();
-        } catch (const error&) {
-        }
-        requests_[j].post(comm_, roles_.clones[j], base() + tag_request, control_bytes);
-      }
-    }
-  }
-
-  /// Sends `d` to every clone rank whose request is in hand, each with the nonce of its
-  /// own request (a clone rank takes no decision that answers an older request), and
-  /// clears the requests.
-  void answer_clones(decision_msg d) {
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      if (!got_[j]) continue;
-      d.nonce = got_[j]->nonce;
-      trailing_.send_owned(comm_, roles_.clones[j], base() + tag_decision, d.encode());
-    }
-    got_.assign(roles_.clone_count(), std::nullopt);
+    if (session_) pipeline_fork_iteration_ended();
   }
 
   /// Coordinator: a clone rank's layout or plan differs; every clone rank is told, with
@@ -521,79 +470,82 @@ class source_engine {
     auto lay = layout_.encode();
     d.layout_bytes = lay.size();
     d.offending_clone = offender;
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
-      if (got_[j]) trailing_.send_owned(comm_, roles_.clones[j], base() + tag_layout, layout_msg{got_[j]->nonce, lay}.encode());
+    fork_msgs_.send_layout(comm_, trailing_, lay);
     const bool layout = d.status == verdict::layout_differs;
     last_error_ = failure{layout ? errc::layout_mismatch : errc::plan_mismatch,
                           "refused the request of clone rank " + std::to_string(roles_.clones[offender]) + ": its " +
                               (layout ? "layout" : "plan settings") + " differ from the sources'"};
     ++refused_;
-    answer_clones(d);
+    fork_msgs_.answer(comm_, trailing_, d);
   }
 
   /// At finish(): clone ranks whose request already arrived learn at once that no fork will
   /// come (instead of waiting for their timeout).
   void refuse_pending_requests() {
-    take_requests();
+    fork_msgs_.take_requests(comm_);
     decision_msg d;
     d.status = verdict::stopped;
     d.iteration = last_step_ ? *last_step_ : 0;
     d.key = plan_.key();
-    answer_clones(d);
+    fork_msgs_.answer(comm_, trailing_, d);
   }
 
-  /// Sessions this source served or refused to serve, so that a duplicate or late
-  /// decision naming one of them is not served again.
-  bool seen(std::uint64_t session) const { return std::find(recent_.begin(), recent_.end(), session) != recent_.end(); }
-  void remember(std::uint64_t session) {
-    recent_.push_back(session);
-    if (recent_.size() > max_recent) recent_.pop_front();
-  }
-
+  /// Serves the decided session `d`: its bookkeeping and receives, the pipeline's begin,
+  /// then the messages of it that clone ranks sent before this source got here.
   void start_session(const decision_msg& d) {
-    remember(d.session);
-    s_.emplace();
-    s_->id = d.session;
-    s_->k = d.iteration;
-    s_->tags = session_tags{base(), layout_.layer_count(), d.epoch};
-    const std::size_t L = layout_.layer_count();
-    s_->layer_reqs.resize(L);
-    s_->final.assign(L, false);
-    s_->refetch_queue.resize(roles_.clone_count());
-    s_->acked.assign(roles_.clone_count(), std::vector<char>(L, 0));
-    s_->acks.assign(L, 0);
-    s_->released.assign(L, false);
-    s_->refetch_reqs.resize(L);
-    s_->piece_sums.assign(plan_.pieces().size(), 0);
-    s_->summed.assign(plan_.pieces().size(), 0);
-    s_->digest = (d.flags & flag_verify_replicas) != 0;
-    if (s_->digest) {
-      s_->layer_pieces.resize(L);
-      for (std::uint32_t pi = 0; pi < plan_.pieces().size(); ++pi) s_->layer_pieces[plan_.pieces()[pi].layer].push_back(pi);
-    }
+    fork_msgs_.remember(d.session);
+    open_session(d);
     auto early = inbox_.open(comm_, roles_.clones, base(), d.session);  // arrived while the previous one was in flight
+    if (!servable(d)) return;
+    if constexpr (requires(Pipeline& p) { p.begin(pipe_ctx_); }) settings_.pipeline.begin(pipe_ctx_);
+    for (auto& m : early)
+      if (session_) apply(m);
+  }
+  void open_session(const decision_msg& d) {
+    session_.emplace();
+    session_->id = d.session;
+    session_->k = d.iteration;
+    session_->tags = session_tags{base(), layout_.layer_count(), d.epoch};
+    const std::size_t L = layout_.layer_count();
+    session_->layer_reqs.resize(L);
+    session_->final.assign(L, false);
+    session_->refetch_queue.resize(roles_.clone_count());
+    session_->acked.assign(roles_.clone_count(), std::vector<char>(L, 0));
+    session_->acks.assign(L, 0);
+    session_->released.assign(L, false);
+    session_->refetch_reqs.resize(L);
+    session_->piece_sums.assign(plan_.pieces().size(), 0);
+    session_->summed.assign(plan_.pieces().size(), 0);
+    session_->digest = (d.flags & flag_verify_replicas) != 0;
+    if (session_->digest) {
+      session_->layer_pieces.resize(L);
+      for (std::uint32_t pi = 0; pi < plan_.pieces().size(); ++pi) session_->layer_pieces[plan_.pieces()[pi].layer].push_back(pi);
+    }
+  }
+  /// False (and the session failed, saying why) when this source cannot serve `d`: a tag
+  /// block beyond the transport's tags, a state that changed shape, a replica to digest
+  /// outside host memory.
+  bool servable(const decision_msg& d) {
     if (d.epoch >= max_epochs_) {
       fail_session(errc::corrupt_message, "the fork decision names tag block " + std::to_string(d.epoch) + ", beyond the " +
                                               std::to_string(max_epochs_) + " this communicator's tags allow");
-      return;
+      return false;
     }
     // The tensors must still be where (and as large as) they were at construction.
     if (auto now = state_.describe(); !(now == layout_)) {
       fail_session(errc::layout_mismatch, "source " + std::to_string(index_) + "'s state changed since the source was created (" +
                                               first_difference(layout_, now, "then", "now").value_or("?") +
                                               "); the state must not change shape while the source exists");
-      return;
+      return false;
     }
-    if constexpr (requires(Pipeline& p) { p.begin(pipe_ctx_); }) st_.pipeline.begin(pipe_ctx_);
-    if (s_->digest)
+    if (session_->digest)
       for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
         if (state_.space(t) != memory_space::host) {
           fail_session(errc::unsupported, "settings.verify_replicas: source " + std::to_string(index_) + "'s tensor '" +
                                               layout_.tensor(t).name + "' is not in host memory, so its replica cannot be digested");
-          return;
+          return false;
         }
-    for (auto& m : early)
-      if (s_) apply(m);
+    return true;
   }
 
   /// True (and the session failed) when a tensor of layer `l` no longer has the size the
@@ -627,7 +579,7 @@ class source_engine {
                         (last_step_ ? std::to_string(*last_step_) : "(first)") + " and before_update(" + std::to_string(l) +
                         ") of iteration " + current_name() + ": only the code between a layer's before_update and "
                         "after_update may write its tensors (settings.check_writes)";
-      if (s_) fail_session(errc::outside_hooks, why);
+      if (session_) fail_session(errc::outside_hooks, why);
       throw error(errc::outside_hooks, why);
     }
   }
@@ -635,12 +587,12 @@ class source_engine {
   /// Layer `l` holds its bytes of k until before_update(l) of k + 1: the pipeline decides
   /// what leaves now; with verify_replicas the layer is digested.
   void make_final(std::size_t l) {
-    s_->final[l] = true;
-    st_.pipeline.layer_final(pipe_ctx_, l);
-    if (s_) digest_layer(l);
+    session_->final[l] = true;
+    settings_.pipeline.layer_final(pipe_ctx_, l);
+    if (session_) digest_layer(l);
   }
   void pipeline_fork_iteration_ended() {
-    if constexpr (requires(Pipeline& p) { p.fork_iteration_ended(pipe_ctx_); }) st_.pipeline.fork_iteration_ended(pipe_ctx_);
+    if constexpr (requires(Pipeline& p) { p.fork_iteration_ended(pipe_ctx_); }) settings_.pipeline.fork_iteration_ended(pipe_ctx_);
   }
 
   /// This source's pieces of layer `l` as the pipeline sees them; empty (and the session
@@ -657,7 +609,7 @@ class source_engine {
   }
   /// Posts one data send of layer `d.layer` (a group's piece) to clone index `d.to`.
   std::size_t post_data(const pipeline::context::data_send& d) {
-    auto& s = *s_;
+    auto& s = *session_;
     auto r = s.out.send(comm_, roles_.clones[d.to], s.tags.layer(d.layer, false, false), d.bytes);
     s.layer_reqs[d.layer].push_back(r);
     s.bytes_sent += d.bytes.size();
@@ -665,7 +617,7 @@ class source_engine {
   }
   /// Sends one header per group of layer `l` this source sends: its pieces and their sums.
   void send_headers(std::size_t l) {
-    auto& s = *s_;
+    auto& s = *session_;
     std::map<std::uint32_t, group_header> headers;
     for (auto& [pi, gs] : holders_of(l)) {  // increasing piece index = each group's wire order
       auto& p = plan_.pieces()[pi];
@@ -687,14 +639,14 @@ class source_engine {
   }
 
   bool sends_done(const std::vector<std::size_t>& reqs) {
-    return std::all_of(reqs.begin(), reqs.end(), [&](std::size_t r) { return s_->out.done(comm_, r); });
+    return std::all_of(reqs.begin(), reqs.end(), [&](std::size_t r) { return session_->out.done(comm_, r); });
   }
 
   /// verify_replicas: checksums the pieces of layer `l` (final for iteration k) that this
   /// source did not just send and sum, and once every layer is done sends the folded
   /// digest of its whole replica to every clone rank.
   void digest_layer(std::size_t l) {
-    auto& s = *s_;
+    auto& s = *session_;
     if (!s.digest || (s.layer_pieces[l].size() && resized(l))) return;
     for (auto pi : s.layer_pieces[l]) {
       if (s.summed[pi]) continue;
@@ -709,7 +661,7 @@ class source_engine {
 
   /// Sends `m`, the metadata of iteration k, to every clone rank.
   void send_metadata(metadata m) {
-    auto& s = *s_;
+    auto& s = *session_;
     m.step = s.k;
     s.meta = m.encode();
     meta_header h{s.id, s.k, s.meta.size(), Checksum::compute(s.meta)};
@@ -723,18 +675,18 @@ class source_engine {
   /// takes layer acknowledgements, serves refetch requests and reacts to a clone's cancel.
   /// True if anything happened. May end the session (cancel).
   bool poll_session() {
-    bool any = s_->out.poll(comm_);
-    if constexpr (requires(Pipeline& p) { p.progress(pipe_ctx_); }) st_.pipeline.progress(pipe_ctx_);
-    if (!s_) return true;
+    bool any = session_->out.poll(comm_);
+    if constexpr (requires(Pipeline& p) { p.progress(pipe_ctx_); }) settings_.pipeline.progress(pipe_ctx_);
+    if (!session_) return true;
     for (auto& m : inbox_.poll(comm_)) {
       any = true;
       if (apply(m)) return true;
     }
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       any |= serve_refetches(j);
-      if (!s_) return true;  // a resized tensor ended the session
+      if (!session_) return true;  // a resized tensor ended the session
     }
-    if (any) s_->last_progress = clock::now();
+    if (any) session_->last_progress = clock::now();
     return any;
   }
 
@@ -745,7 +697,7 @@ class source_engine {
       cancelled(m.from, *c);
       return true;
     }
-    auto& s = *s_;
+    auto& s = *session_;
     if (auto* a = std::get_if<ack_msg>(&m.body)) {
       for (auto l : a->layers)
         if (l < s.acks.size() && !s.acked[m.from][l]) {
@@ -764,10 +716,10 @@ class source_engine {
     const auto who = "clone rank " + std::to_string(roles_.clones[j]);
     if (code == errc::source_failed)
       fail_session(errc::source_failed, who + " presumed source " + std::to_string(index_) +
-                                            " failed (nothing arrived from it in time) and dropped it from session " + std::to_string(s_->id));
+                                            " failed (nothing arrived from it in time) and dropped it from session " + std::to_string(session_->id));
     else
       fail_session(errc::cancelled,
-                   who + " gave up session " + std::to_string(s_->id) +
+                   who + " gave up session " + std::to_string(session_->id) +
                        (code == errc::cancelled ? std::string(" (cancelled)") : std::string(" (its error: ") + errc_name(code) + ")"),
                    m.code ? m.code : static_cast<std::uint32_t>(errc::cancelled));
   }
@@ -779,7 +731,7 @@ class source_engine {
   /// longer matches that sum: the tensor was written outside its hooks, and serving it
   /// would ship iteration k + 1 as k.
   bool serve_refetches(std::uint32_t j) {
-    auto& s = *s_;
+    auto& s = *session_;
     bool any = false;
     auto& q = s.refetch_queue[j];
     while (!q.empty()) {
@@ -814,16 +766,16 @@ class source_engine {
   std::optional<std::span<const std::byte>> bytes_of_k(std::uint32_t pi) {
     auto& p = plan_.pieces()[pi];
     if constexpr (requires(Pipeline& q) { { q.bytes_of_k(pipe_ctx_, pi) } -> std::same_as<std::optional<std::span<const std::byte>>>; })
-      if (auto b = st_.pipeline.bytes_of_k(pipe_ctx_, pi)) return b;
-    if (!s_->released[p.layer]) return state_.bytes(p.tensor).subspan(p.offset, p.length);
+      if (auto b = settings_.pipeline.bytes_of_k(pipe_ctx_, pi)) return b;
+    if (!session_->released[p.layer]) return state_.bytes(p.tensor).subspan(p.offset, p.length);
     return std::nullopt;
   }
 
   /// True when every send of the session completed and every clone rank verified every layer.
   bool delivered() {
-    auto& s = *s_;
+    auto& s = *session_;
     if constexpr (requires(Pipeline& p) { { p.pending(pipe_ctx_) } -> std::convertible_to<bool>; })
-      if (st_.pipeline.pending(pipe_ctx_)) return false;
+      if (settings_.pipeline.pending(pipe_ctx_)) return false;
     if (!s.out.all_done(comm_)) return false;
     for (std::size_t l = 0; l < s.acks.size(); ++l)
       if (s.acks[l] < acks_needed_[l]) return false;
@@ -834,39 +786,39 @@ class source_engine {
   /// (window: its sends, refetches included, completed and every clone rank verified it,
   /// so that a piece lost elsewhere can still be served from here).
   void close_window(std::size_t l) {
-    settle([&] { return st_.pipeline.may_overwrite(pipe_ctx_, l); },
+    progress_until([&] { return settings_.pipeline.may_overwrite(pipe_ctx_, l); },
            "layer " + std::to_string(l) + " was not released by the " + Pipeline::name +
                " pipeline (sent, verified or copied) within the timeout");
-    if (s_) s_->released[l] = true;
+    if (session_) session_->released[l] = true;
   }
 
   /// Makes session progress until `done()` holds; false if the session ended meanwhile
   /// (cancelled, or failed after `settings.timeout` without progress).
   template <class Done>
-  bool settle(Done done, const std::string& what) {
+  bool progress_until(Done done, const std::string& what) {
     idler<Comm> idle(comm_);
     for (;;) {
       idle.mark();
-      if (!s_) return false;
+      if (!session_) return false;
       poll_session();
-      if (!s_) return false;
+      if (!session_) return false;
       if (done()) return true;
       if (expired(what)) return false;
-      idle.idle(s_->last_progress + st_.timeout);
+      idle.idle(session_->last_progress + settings_.timeout);
     }
   }
 
   /// The session's own deadline: true (and the session failed, saying `what`) once nothing
   /// progressed for `settings.timeout`, so that no session outlives a clone rank that vanished.
   bool expired(const std::string& what) {
-    if (clock::now() < s_->last_progress + st_.timeout) return false;
+    if (clock::now() < session_->last_progress + settings_.timeout) return false;
     fail_session(errc::timeout, what + " (nothing progressed for " +
-                                    std::to_string(std::chrono::duration<double>(st_.timeout).count()) + " s)");
+                                    std::to_string(std::chrono::duration<double>(settings_.timeout).count()) + " s)");
     return true;
   }
 
   void complete_session() {
-    auto& s = *s_;
+    auto& s = *session_;
     status_msg m;
     m.session = s.id;
     m.source_index = index_;
@@ -885,9 +837,9 @@ class source_engine {
   }
 
   void fail_session(errc code, const std::string& why, std::uint32_t cause = 0) {
-    if (!s_) return;
+    if (!session_) return;
     status_msg m;
-    m.session = s_->id;
+    m.session = session_->id;
     m.source_index = index_;
     m.code = static_cast<std::uint32_t>(code);
     m.cause = cause;
@@ -903,12 +855,12 @@ class source_engine {
   }
 
   void end_session() {
-    if (s_->out.cancel_all(comm_)) {  // the transport may still read what zero-copy sends point at
+    if (session_->out.cancel_all(comm_)) {  // the transport may still read what zero-copy sends point at
       unwithdrawn_sends_ = true;
-      retained_buffers::get().keep(std::move(s_->meta));
+      retained_buffers::get().keep(std::move(session_->meta));
     }
     inbox_.close(comm_);  // a receive may have matched a message of the next session meanwhile: kept
-    s_.reset();
+    session_.reset();
     post_control();
   }
 
@@ -922,7 +874,7 @@ class source_engine {
   Comm& comm_;
   deepclone::roles roles_;
   deepclone::state<T>& state_;
-  settings_t st_;
+  settings_t settings_;
   std::uint32_t index_ = 0;
   deepclone::layout layout_;
   deepclone::plan plan_;
@@ -940,15 +892,11 @@ class source_engine {
   std::optional<std::uint64_t> last_step_;
   std::optional<clock::time_point> last_end_;
   std::deque<double> normal_;
-  std::optional<session> s_;
-  std::vector<inbox_slot<Comm>> requests_;        // coordinator: one per clone rank
-  std::vector<std::optional<request_msg>> got_;
-  inbox_slot<Comm> decision_;                     // other sources
+  std::optional<session> session_;
+  fork_messages<Comm> fork_msgs_;                 // the fork agreement's requests and decisions
   outbox<Comm> trailing_;                         // control messages outliving sessions
   session_inbox<Comm> inbox_;                     // cancels, acknowledgements, refetches from clone ranks
-  static constexpr std::size_t max_recent = 64;
   std::uint64_t served_ = 0, completed_ = 0, failed_ = 0, refused_ = 0;
-  std::deque<std::uint64_t> recent_;              // sessions served or refused (see seen())
   std::uint32_t max_epochs_ = 1, epochs_ = 1;     // tag blocks that fit / that sessions rotate over
   std::vector<std::optional<std::uint64_t>> written_sums_;  // check_writes: tensor sums at after_update
   /// Session ids are unique across source engines (and processes), so that a stale message

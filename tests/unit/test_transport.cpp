@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <deepclone/collectives.hpp>
+#include <deepclone/detail/fork_messages.hpp>
+#include <deepclone/detail/session_inbox.hpp>
 #include <deepclone/error.hpp>
 #include <deepclone/inproc.hpp>
 
@@ -531,4 +533,91 @@ TEST_CASE("outbox: owned buffers of sends the transport could not withdraw stay 
   }
   CHECK(c.deliver(0) == expect);
   CHECK(dc::detail::retained_send_bytes() >= before + 300);
+}
+
+// ---- engine components templated on the communicator only (detail/) ----
+
+TEST_CASE("session_inbox: a clone's message of the next session is kept for it; one of a closed session and garbage are dropped") {
+  using dc::detail::ack_msg;
+  using dc::detail::cancel_msg;
+  using dc::detail::refetch_msg;
+  dc::inproc::world w(3);  // rank 0: a source; ranks 1, 2: clone ranks
+  auto src = w.comm(0), c1 = w.comm(1), c2 = w.comm(2);
+  const std::vector<int> clones{1, 2};
+  const int base = 1000;
+  dc::detail::session_inbox<communicator> inbox;
+  CHECK(inbox.open(src, clones, base, 7).empty());
+  dc::detail::outbox<communicator> out1, out2;
+  out1.send_owned(c1, 0, base + dc::detail::tag_ack, ack_msg{7, 0, {3, 1}}.encode());
+  out2.send_owned(c2, 0, base + dc::detail::tag_refetch, refetch_msg{8, 1, 5}.encode());    // session 8: one ahead
+  out1.send_owned(c1, 0, base + dc::detail::tag_cancel, std::vector<std::byte>(40, std::byte{0x5A}));  // garbage
+  auto got = inbox.poll(src);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].from == 0);
+  REQUIRE(std::holds_alternative<ack_msg>(got[0].body));
+  CHECK(std::get<ack_msg>(got[0].body).layers == std::vector<std::uint32_t>{3, 1});
+  // Session 7 closes with a cancel of it matched but not yet taken: dropped; session 8's
+  // refetch waits for session 8.
+  out2.send_owned(c2, 0, base + dc::detail::tag_cancel, cancel_msg{7, 1, 0}.encode());
+  inbox.close(src);
+  auto early = inbox.open(src, clones, base, 8);
+  REQUIRE(early.size() == 1);
+  CHECK(early[0].from == 1);
+  REQUIRE(std::holds_alternative<refetch_msg>(early[0].body));
+  CHECK(std::get<refetch_msg>(early[0].body).group == 5);
+  CHECK(inbox.poll(src).empty());
+  inbox.close(src);
+}
+
+TEST_CASE("fork_messages: the newest request of each clone rank counts, a withdrawal cancels it, answers carry each request's nonce") {
+  using dc::detail::decision_msg;
+  using dc::detail::request_msg;
+  dc::inproc::world w(4);  // ranks 0, 1: sources; ranks 2, 3: clone ranks
+  auto s0 = w.comm(0), s1 = w.comm(1), c2 = w.comm(2), c3 = w.comm(3);
+  const auto roles = dc::roles::contiguous(2, 2);
+  const int base = 1000;
+  dc::detail::fork_messages<communicator> coord(roles, true, base), other(roles, false, base);
+  coord.post(s0);
+  other.post(s1);
+  dc::detail::outbox<communicator> out;
+  auto request = [&](communicator& c, std::uint32_t j, std::uint64_t nonce, std::uint32_t flags) {
+    out.send_owned(c, 0, base + dc::detail::tag_request, request_msg{j, nonce, 0, {}, flags}.encode());
+  };
+  request(c2, 0, 11, 0);
+  request(c2, 0, 12, 0);                             // newer: replaces 11
+  request(c3, 1, 21, 0);
+  request(c3, 1, 21, dc::detail::flag_withdraw);     // withdrawn
+  request(c3, 0, 99, 0);                             // names another clone rank: garbage
+  coord.take_requests(s0);
+  CHECK_FALSE(coord.all_requested());
+  REQUIRE(coord.requests()[0]);
+  CHECK(coord.requests()[0]->nonce == 12);
+  CHECK_FALSE(coord.requests()[1]);
+  request(c3, 1, 22, 0);
+  coord.take_requests(s0);
+  CHECK(coord.all_requested());
+  decision_msg d;
+  d.session = 5;
+  d.iteration = 9;
+  coord.answer(s0, out, d);
+  out.send_owned(s0, 1, base + dc::detail::tag_decision, d.encode());
+  CHECK_FALSE(coord.all_requested());  // answered: cleared
+  for (auto [c, nonce] : {std::pair{&c2, 12ull}, std::pair{&c3, 22ull}}) {
+    std::vector<std::byte> b(dc::detail::control_bytes);
+    auto r = c->irecv(0, base + dc::detail::tag_decision, b);
+    auto n = c->wait(r);
+    auto got = decision_msg::decode(std::span<const std::byte>(b.data(), n));
+    CHECK(got.nonce == nonce);
+    CHECK(got.iteration == 9);
+  }
+  std::optional<decision_msg> seen_by_other;
+  for (int i = 0; i < 100 && !seen_by_other; ++i) seen_by_other = other.take_decision(s1);
+  REQUIRE(seen_by_other);
+  CHECK(seen_by_other->session == 5);
+  CHECK_FALSE(other.seen(5));
+  other.remember(5);
+  CHECK(other.seen(5));
+  out.wait_all(s0, std::chrono::seconds(1));
+  coord.cancel(s0);
+  other.cancel(s1);
 }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -184,11 +185,15 @@ template <class Comm>
 class inbox_slot {
  public:
   void post(Comm& c, int src, int tag, std::size_t bytes) {
+    src_ = src;
+    tag_ = tag;
     buffer_.assign(bytes, std::byte{0});
     req_ = c.irecv(src, tag, std::span<std::byte>(buffer_));
     posted_ = true;
     received_ = 0;
   }
+  /// Posts the receive again, from the same peer with the same tag and size.
+  void repost(Comm& c) { post(c, src_, tag_, buffer_.size()); }
   /// The received bytes once complete, else an empty optional. A receive the transport
   /// failed (a peer's message larger than the buffer, say) completes with no bytes, which
   /// no decoder accepts: a peer's garbage is dropped here, never thrown at the caller.
@@ -226,8 +231,26 @@ class inbox_slot {
  private:
   typename Comm::request_type req_{};
   std::vector<std::byte> buffer_;
+  int src_ = 0, tag_ = 0;
   bool posted_ = false;
   std::size_t received_ = 0;
 };
+
+/// The control message of type `M` that `slot` received, if one arrived that names
+/// `session`; garbage (undecodable, failed seal) and stale messages of older sessions are
+/// dropped and the receive posted again.
+template <class M, class Comm>
+std::optional<M> take_control(Comm& c, inbox_slot<Comm>& slot, std::uint64_t session) {
+  auto b = slot.test(c);
+  if (!b) return std::nullopt;
+  std::optional<M> m;
+  try {
+    m = M::decode(*b);
+  } catch (const error&) {
+  }
+  if (m && m->session == session) return m;
+  slot.repost(c);
+  return std::nullopt;
+}
 
 }  // namespace deepclone::detail
