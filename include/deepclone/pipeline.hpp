@@ -46,7 +46,11 @@ namespace deepclone::pipeline {
 
 /// What the source engine offers a pipeline policy during a session. Calls that wait or
 /// touch a tensor may end the session (a timeout, a resized tensor, a clone's cancel):
-/// check `active()` after them and return at once when it is false.
+/// check `active()` after them and return at once when it is false. The engine checks what
+/// a policy passes: a layer, piece or clone index out of range, a piece posted under
+/// another layer than its own, or a call after the session ended fails the session (the
+/// clone ranks learn why) and throws `errc::invalid_argument`, naming the policy and the
+/// rule, out of the hook that called the policy.
 class context {
  public:
   /// One of this source's pieces of a layer: its bytes of k in the live tensor and the

@@ -249,37 +249,6 @@ class source_engine {
   std::uint32_t index() const noexcept { return index_; }
 
  private:
-  /// What the engine offers the pipeline policy (pipeline::context), over the session in flight.
-  class pipeline_context final : public pipeline::context {
-   public:
-    explicit pipeline_context(source_engine& e) : e_(e) {}
-    std::size_t layers() const override { return e_.layout_.layer_count(); }
-    std::uint64_t fork_iteration() const override { return e_.session_->k; }
-    bool fork_iteration_ended() const override { return e_.last_step_ && *e_.last_step_ >= e_.session_->k; }
-    bool active() const override { return e_.session_.has_value(); }
-    std::uint64_t bytes_of_source() const override { return e_.plan_.bytes_of_source(e_.index_); }
-    std::span<std::byte> memory() override { return e_.pipeline_mem_; }
-    std::vector<outgoing> pieces(std::size_t l) override { return e_.outgoing_of(l); }
-    void summed(std::uint32_t pi, std::span<const std::byte> bytes) override {
-      e_.session_->piece_sums.at(pi) = Checksum::compute(bytes);
-      e_.session_->summed.at(pi) = 1;
-    }
-    request post(const data_send& d) override { return e_.post_data(d); }
-    void send_headers(std::size_t l) override { e_.send_headers(l); }
-    bool done(request r) override { return e_.session_->out.done(e_.comm_, r); }
-    bool sends_done(std::size_t l) override { return e_.sends_done(e_.session_->layer_reqs.at(l)); }
-    bool refetches_done(std::size_t l) override { return e_.sends_done(e_.session_->refetch_reqs.at(l)); }
-    bool verified(std::size_t l) const override { return e_.session_->acks.at(l) >= e_.acks_needed_.at(l); }
-    bool verified_by(std::size_t l, std::uint32_t clone) const override { return e_.session_->acked.at(clone).at(l) != 0; }
-    bool released(std::size_t l) const override { return e_.session_->released.at(l); }
-    bool delivered() override { return e_.delivered(); }
-    bool wait_until(const std::function<bool()>& done, const std::string& what) override { return e_.progress_until(done, what); }
-    using pipeline::context::done;
-
-   private:
-    source_engine& e_;
-  };
-
   struct session {
     std::uint64_t id = 0, k = 0;
     session_tags tags;
@@ -303,6 +272,81 @@ class source_engine {
     std::uint64_t bytes_sent = 0;
   };
 
+  /// What the engine offers the pipeline policy (pipeline::context), over the session in flight.
+  class pipeline_context final : public pipeline::context {
+   public:
+    explicit pipeline_context(source_engine& e) : e_(e) {}
+    std::size_t layers() const override { return e_.layout_.layer_count(); }
+    std::uint64_t fork_iteration() const override { return in_session("fork_iteration").k; }
+    bool fork_iteration_ended() const override { return e_.last_step_ && *e_.last_step_ >= in_session("fork_iteration_ended").k; }
+    bool active() const override { return e_.session_.has_value(); }
+    std::uint64_t bytes_of_source() const override { return e_.plan_.bytes_of_source(e_.index_); }
+    std::span<std::byte> memory() override { return e_.pipeline_mem_; }
+    std::vector<outgoing> pieces(std::size_t l) override { return e_.outgoing_of(layer(l, "pieces")); }
+    void summed(std::uint32_t pi, std::span<const std::byte> bytes) override {
+      auto& s = in_session("summed");
+      s.piece_sums[piece(pi, "summed")] = Checksum::compute(bytes);
+      s.summed[pi] = 1;
+    }
+    request post(const data_send& d) override {
+      in_session("post");
+      if (piece(d.piece, "post") < e_.plan_.pieces().size() && e_.plan_.pieces()[d.piece].layer != layer(d.layer, "post"))
+        e_.pipeline_broke_rule("context::post: piece " + std::to_string(d.piece) + " belongs to layer " +
+                               std::to_string(e_.plan_.pieces()[d.piece].layer) + ", not to layer " + std::to_string(d.layer));
+      if (d.to >= e_.roles_.clone_count())
+        e_.pipeline_broke_rule("context::post: clone index " + std::to_string(d.to) + ", but there are " +
+                               std::to_string(e_.roles_.clone_count()) + " clone ranks");
+      return e_.post_data(d);
+    }
+    void send_headers(std::size_t l) override {
+      in_session("send_headers");
+      e_.send_headers(layer(l, "send_headers"));
+    }
+    bool done(request r) override { return in_session("done").out.done(e_.comm_, r); }
+    bool sends_done(std::size_t l) override { return e_.sends_done(in_session("sends_done").layer_reqs[layer(l, "sends_done")]); }
+    bool refetches_done(std::size_t l) override {
+      return e_.sends_done(in_session("refetches_done").refetch_reqs[layer(l, "refetches_done")]);
+    }
+    bool verified(std::size_t l) const override {
+      return in_session("verified").acks[layer(l, "verified")] >= e_.acks_needed_[l];
+    }
+    bool verified_by(std::size_t l, std::uint32_t clone) const override {
+      if (clone >= e_.roles_.clone_count())
+        e_.pipeline_broke_rule("context::verified_by: clone index " + std::to_string(clone) + ", but there are " +
+                               std::to_string(e_.roles_.clone_count()) + " clone ranks");
+      return in_session("verified_by").acked[clone][layer(l, "verified_by")] != 0;
+    }
+    bool released(std::size_t l) const override { return in_session("released").released[layer(l, "released")]; }
+    bool delivered() override {
+      in_session("delivered");
+      return e_.delivered();
+    }
+    bool wait_until(const std::function<bool()>& done, const std::string& what) override { return e_.progress_until(done, what); }
+    using pipeline::context::done;
+
+   private:
+    /// The session in flight; a pipeline that calls on after it ended breaks the context's rule.
+    session& in_session(const char* call) const {
+      if (!e_.session_)
+        e_.pipeline_broke_rule(std::string("context::") + call + " after the session ended (a pipeline checks active() after "
+                                                                 "every call that may end it, and returns at once when it is false)");
+      return *e_.session_;
+    }
+    std::size_t layer(std::size_t l, const char* call) const {
+      if (l >= e_.layout_.layer_count())
+        e_.pipeline_broke_rule(std::string("context::") + call + ": layer " + std::to_string(l) + ", but the state has " +
+                               std::to_string(e_.layout_.layer_count()) + " layers");
+      return l;
+    }
+    std::uint32_t piece(std::uint32_t pi, const char* call) const {
+      if (pi >= e_.plan_.pieces().size())
+        e_.pipeline_broke_rule(std::string("context::") + call + ": piece " + std::to_string(pi) + ", but the plan has " +
+                               std::to_string(e_.plan_.pieces().size()) + " pieces");
+      return pi;
+    }
+    source_engine& e_;
+  };
+
   /// Adds the time spent in a hook to the session in flight.
   struct hook_timer {
     explicit hook_timer(source_engine& e) : e_(e), t0_(clock::now()) {}
@@ -316,6 +360,14 @@ class source_engine {
     source_engine& e_;
     clock::time_point t0_;
   };
+
+  /// The pipeline policy called the context against its rules (pipeline.hpp): the session
+  /// fails (the clone ranks learn why at once) and the hook that called the pipeline throws.
+  [[noreturn]] void pipeline_broke_rule(const std::string& what) {
+    const auto why = "pipeline policy '" + std::string(Pipeline::name) + "' on source " + std::to_string(index_) + " broke a rule: " + what;
+    fail_session(errc::invalid_argument, why);
+    throw error(errc::invalid_argument, why);
+  }
 
   void check_layer(std::size_t layer, const char* hook) const {
     if (layer >= layout_.layer_count())

@@ -15,6 +15,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -108,10 +112,62 @@ struct batching {
   }
 };
 
+/// A user pipeline with a bug: it posts every piece naming the next layer (off by one), so
+/// the last layer's sends name a layer the state does not have.
+struct off_by_one {
+  static constexpr const char* name = "off_by_one";
+  void layer_final(dc::pipeline::context& c, std::size_t l) {
+    for (auto& p : c.pieces(l)) {
+      c.summed(p.piece, p.live);
+      for (auto to : p.to) c.post({l + 1, p.piece, to, p.live});
+    }
+  }
+  bool may_overwrite(dc::pipeline::context&, std::size_t) { return true; }
+};
+
 using comm = dc::inproc::communicator;
 using chain = dc::testing::relay_chain;
 
 }  // namespace
+
+TEST_CASE("a user pipeline that breaks the context's rules: a clear error in the hook, the clone fails at once, no write out of bounds") {
+  using E = dc::engine<comm, dc::shard::split_even, off_by_one, dc::reconstruct::scatter_exchange>;
+  const auto roles = dc::roles::contiguous(1, 1);
+  dc::inproc::world w(2);
+  std::optional<dc::error> source_error, clone_error;
+  w.run([&](comm& c) {
+    dc::testing::replica r;
+    auto s = dc::testing::small_settings::make<E::settings>();
+    if (c.rank() == 0) {
+      E::source src(c, roles, r.state, s);
+      for (std::uint64_t step = 0; step < 5000 && !source_error; ++step) {
+        try {
+          r.iterate(&src, step);
+          src.end_iteration(step);
+        } catch (const dc::error& e) {
+          source_error = e;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } else {
+      E::clone dst(c, roles, r.state, s);
+      dst.request();
+      try {
+        dst.wait();
+      } catch (const dc::error& e) {
+        clone_error = e;
+      }
+    }
+  });
+  REQUIRE(source_error);
+  CHECK(source_error->kind() == dc::errc::invalid_argument);
+  INFO(source_error->what());
+  CHECK(std::string(source_error->what()).find("pipeline policy 'off_by_one'") != std::string::npos);
+  CHECK(std::string(source_error->what()).find("context::post: layer 5, but the state has 5 layers") != std::string::npos);
+  REQUIRE(clone_error);  // told by the source's failed session, not after its timeout
+  INFO(clone_error->what());
+  CHECK(std::string(clone_error->what()).find("off_by_one") != std::string::npos);
+}
 
 TEST_CASE_TEMPLATE("a user-written relay chain clones bit for bit (N 1..4, M 1..4)", E,
                    dc::engine<comm, dc::shard::split_even, dc::pipeline::window, chain>,
