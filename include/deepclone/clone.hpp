@@ -359,7 +359,7 @@ class clone_engine {
     }
     if (!d || d->nonce != nonce_) {
       if (d && d->status == verdict::accepted && !has_joined(d->session)) cancel_session(d->session, errc::cancelled);
-      decision_.post(comm_, roles_.sources[0], settings_.tag_base + tag_decision, control_bytes);
+      decision_.repost(comm_);
       return true;
     }
     if (d->status == verdict::accepted) begin(*d);

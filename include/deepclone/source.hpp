@@ -290,12 +290,11 @@ class source_engine {
     }
     request post(const data_send& d) override {
       in_session("post");
-      if (piece(d.piece, "post") < e_.plan_.pieces().size() && e_.plan_.pieces()[d.piece].layer != layer(d.layer, "post"))
+      auto& p = e_.plan_.pieces()[piece(d.piece, "post")];
+      if (p.layer != layer(d.layer, "post"))
         e_.pipeline_broke_rule("context::post: piece " + std::to_string(d.piece) + " belongs to layer " +
-                               std::to_string(e_.plan_.pieces()[d.piece].layer) + ", not to layer " + std::to_string(d.layer));
-      if (d.to >= e_.roles_.clone_count())
-        e_.pipeline_broke_rule("context::post: clone index " + std::to_string(d.to) + ", but there are " +
-                               std::to_string(e_.roles_.clone_count()) + " clone ranks");
+                               std::to_string(p.layer) + ", not to layer " + std::to_string(d.layer));
+      clone(d.to, "post");
       return e_.post_data(d);
     }
     void send_headers(std::size_t l) override {
@@ -310,11 +309,8 @@ class source_engine {
     bool verified(std::size_t l) const override {
       return in_session("verified").acks[layer(l, "verified")] >= e_.acks_needed_[l];
     }
-    bool verified_by(std::size_t l, std::uint32_t clone) const override {
-      if (clone >= e_.roles_.clone_count())
-        e_.pipeline_broke_rule("context::verified_by: clone index " + std::to_string(clone) + ", but there are " +
-                               std::to_string(e_.roles_.clone_count()) + " clone ranks");
-      return in_session("verified_by").acked[clone][layer(l, "verified_by")] != 0;
+    bool verified_by(std::size_t l, std::uint32_t j) const override {
+      return in_session("verified_by").acked[clone(j, "verified_by")][layer(l, "verified_by")] != 0;
     }
     bool released(std::size_t l) const override { return in_session("released").released[layer(l, "released")]; }
     bool delivered() override {
@@ -343,6 +339,12 @@ class source_engine {
         e_.pipeline_broke_rule(std::string("context::") + call + ": piece " + std::to_string(pi) + ", but the plan has " +
                                std::to_string(e_.plan_.pieces().size()) + " pieces");
       return pi;
+    }
+    std::uint32_t clone(std::uint32_t j, const char* call) const {
+      if (j >= e_.roles_.clone_count())
+        e_.pipeline_broke_rule(std::string("context::") + call + ": clone index " + std::to_string(j) + ", but there are " +
+                               std::to_string(e_.roles_.clone_count()) + " clone ranks");
+      return j;
     }
     source_engine& e_;
   };
