@@ -5,6 +5,7 @@
 //   mpirun -np N+M [--oversubscribe] [--allow-run-as-root] deepclone_bench_mpi
 //          [--model bert_large] [--scale 0.125] [--sources 4] [--clones 2] [--iteration 0.5]
 //          [--rounds 3] [--link-gbs 1] [--storage-gbs 2] [--out DIR] [--only a,b,...] [--quick]
+//          [--no-emulated] [--poll-interval-ms X (settings.poll_interval; default: the engine's)]
 //
 // Strategies (every one forks the same replicas, with the same request protocol: clone
 // ranks ask at a fixed time from the run's start; the stop-the-world peers learn of it
@@ -757,6 +758,7 @@ int main(int argc, char** argv) {
     else if (a == "--only") cfg.only = next();
     else if (a == "--quick") cfg.quick = true;
     else if (a == "--no-emulated") cfg.emulated = false;
+    else if (a == "--poll-interval-ms") cfg.poll_interval_ms = std::stod(next());
     else {
       std::cerr << "unknown option " << a << "\n";
       return 2;

@@ -34,6 +34,7 @@ struct mpi_config : config {
   std::string only;          // comma-separated strategy names (default: all)
   std::string results_name = "results.jsonl";
   bool emulated = true;      // also run with emulated links
+  double poll_interval_ms = -1;  // the engines' settings.poll_interval; < 0: the engine's default
 };
 
 struct ctx {

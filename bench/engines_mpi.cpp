@@ -88,6 +88,8 @@ json run_policy(ctx& c, clock::time_point origin, std::uint64_t fork_lead) {
   typename E::settings s;
   s.timeout = std::chrono::seconds(120);
   s.fork_lead = fork_lead;
+  if (c.cfg.poll_interval_ms >= 0)
+    s.poll_interval = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double, std::milli>(c.cfg.poll_interval_ms));
   return run_engine<E>(c, s, origin);
 }
 

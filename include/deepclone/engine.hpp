@@ -59,6 +59,15 @@ class engine {
     /// presumes the silent ones failed and asks the others for their pieces. Keep it above
     /// a few iterations' time and below `timeout`.
     std::chrono::nanoseconds failover_after = std::chrono::seconds(10);
+    /// Source side: the least time between two rounds of session progress that
+    /// `after_update` makes on its own (tests for acknowledgements, refetches and sends).
+    /// Every round is a few transport tests, each of which may enter the transport's
+    /// progress engine (MPI: `opal_progress`, which yields the core to other processes on an
+    /// oversubscribed node); a trainer calls `after_update` once per layer, so an unbounded
+    /// rate puts hundreds of rounds into every iteration while a session is in flight. A hook
+    /// that must wait (a layer not yet released) and `end_iteration` progress regardless.
+    /// 0: a round in every `after_update`.
+    std::chrono::nanoseconds poll_interval = std::chrono::milliseconds(1);
     /// agreement::coordinator: the coordinator forks at (iteration in which it saw every clone request) + fork_lead.
     /// Other sources must learn the decision before iteration k starts, so this is the
     /// tolerated skew between sources, in iterations.

@@ -125,7 +125,7 @@ class source_engine {
     if (session_ && last_step_ && *last_step_ + 1 == session_->k)
       make_final(layer);
     else if (session_)
-      poll_session();
+      poll_session_if_due();
   }
 
   /// Call once at the end of every iteration with its step number; steps must increase by
@@ -253,6 +253,7 @@ class source_engine {
     std::uint64_t id = 0, k = 0;
     session_tags tags;
     clock::time_point last_progress = clock::now();
+    clock::time_point next_poll{};  // poll_session_if_due: no round before this
     outbox<Comm> out;
     std::vector<std::vector<std::size_t>> layer_reqs;  // data sends the pipeline posted, per layer
     std::vector<bool> final;                           // the pipeline had the layer's layer_final
@@ -742,6 +743,15 @@ class source_engine {
     }
     if (any) session_->last_progress = clock::now();
     return any;
+  }
+
+  /// A round of session progress unless the last one was less than
+  /// `settings.poll_interval` ago (the hooks that need not wait call this).
+  void poll_session_if_due() {
+    const auto now = clock::now();
+    if (now < session_->next_poll) return;
+    session_->next_poll = now + settings_.poll_interval;
+    poll_session();
   }
 
   /// Applies a message of the session in flight from a clone rank; true if it ended the

@@ -161,3 +161,88 @@ TEST_CASE("spill: what is still queued when k ends leaves in the clone's forward
     }
   }
 }
+
+namespace {
+
+/// A communicator that counts the tests it is asked for; every call passes through.
+template <class Comm>
+struct counted {
+  using request_type = typename Comm::request_type;
+  Comm inner;
+  std::shared_ptr<std::uint64_t> tests = std::make_shared<std::uint64_t>(0);
+
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  int max_tag() const { return dc::detail::max_tag_of(inner); }
+  request_type isend(int to, int tag, std::span<const std::byte> b) { return inner.isend(to, tag, b); }
+  request_type irecv(int from, int tag, std::span<std::byte> b) { return inner.irecv(from, tag, b); }
+  std::optional<std::size_t> test(request_type& r) {
+    ++*tests;
+    return inner.test(r);
+  }
+  std::size_t wait(request_type& r) { return inner.wait(r); }
+  void cancel(request_type& r) { inner.cancel(r); }
+};
+
+/// One source forks to one clone rank over `counted`; in the iterations between the
+/// decision and k (a session in flight, no layer of k final yet) it counts the
+/// `after_update` calls and those that tested the transport.
+struct poll_count {
+  std::uint64_t hooks = 0, hooks_that_tested = 0;
+  bool clone_bitwise = false;
+};
+poll_count count_polls(std::chrono::nanoseconds interval) {
+  using engine_t = dc::engine<counted<dc::inproc::communicator>>;
+  poll_count out;
+  const auto roles = dc::roles::contiguous(1, 1);
+  dc::inproc::world w(2);
+  w.run([&](dc::inproc::communicator& raw) {
+    counted<dc::inproc::communicator> c{raw};
+    replica r;
+    auto s = dc::testing::small_settings::make<engine_t::settings>();
+    s.poll_interval = interval;
+    if (raw.rank() == 1) {
+      engine_t::clone dst(c, roles, r.state, s);
+      dst.request();
+      dst.wait();
+      replica want;
+      want.become(*dst.fork_iteration());
+      out.clone_bitwise = r.bytes() == want.bytes();
+      return;
+    }
+    engine_t::source src(c, roles, r.state, s);
+    for (std::uint64_t step = 0; step < 5000 && src.sessions_completed() + src.sessions_failed() == 0; ++step) {
+      const bool before_k = src.cloning() && *src.fork_iteration() > step;
+      for (std::size_t l = r.state.layer_count(); l-- > 0;) {
+        if (l == 3 && step > 2) continue;  // as replica::iterate: layer 3 frozen after step 2
+        src.before_update(l);
+        r.update(l, step);
+        const auto tests = *c.tests;
+        src.after_update(l);
+        if (!before_k) continue;
+        ++out.hooks;
+        if (*c.tests > tests) ++out.hooks_that_tested;
+      }
+      r.iterate_metadata(step);
+      src.end_iteration(step);
+      std::this_thread::sleep_for(1ms);
+    }
+    src.finish();
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("source hooks: after_update makes a round of session progress at most once per settings.poll_interval") {
+  // Each round tests the transport (MPI: each test may enter opal_progress, which yields
+  // the core on an oversubscribed node); a trainer calls after_update once per layer.
+  auto every = count_polls(std::chrono::nanoseconds(0));
+  CHECK(every.clone_bitwise);
+  REQUIRE(every.hooks >= 4);  // at least one iteration (4 or 5 layers updated) lies between the decision and k (fork_lead 2)
+  CHECK(every.hooks_that_tested == every.hooks);
+  auto rarely = count_polls(std::chrono::hours(1));
+  CHECK(rarely.clone_bitwise);  // end_iteration still progresses every iteration
+  REQUIRE(rarely.hooks >= 4);
+  CHECK(rarely.hooks_that_tested <= 1);  // the session's first after_update only
+}
