@@ -20,6 +20,7 @@
 #include "detail/fork_messages.hpp"
 #include "detail/outbox.hpp"
 #include "detail/session_inbox.hpp"
+#include "detail/source_session.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
 #include "pipeline.hpp"
@@ -249,29 +250,7 @@ class source_engine {
   std::uint32_t index() const noexcept { return index_; }
 
  private:
-  struct session {
-    std::uint64_t id = 0, k = 0;
-    session_tags tags;
-    clock::time_point last_progress = clock::now();
-    clock::time_point next_poll{};  // poll_session_if_due: no round before this
-    outbox<Comm> out;
-    std::vector<std::vector<std::size_t>> layer_reqs;  // data sends the pipeline posted, per layer
-    std::vector<bool> final;                           // the pipeline had the layer's layer_final
-    std::vector<std::byte> meta;       // encoded metadata of iteration k
-    std::vector<std::vector<char>> acked;            // [clone][layer]
-    std::vector<std::uint32_t> acks;                 // clone ranks that verified each layer
-    std::vector<bool> released;                      // the trainer may overwrite the layer again
-    std::vector<std::vector<std::size_t>> refetch_reqs;  // sends of refetched groups, per layer
-    std::vector<std::deque<std::uint32_t>> refetch_queue;  // per clone rank, in arrival order
-    std::vector<std::uint64_t> piece_sums;  // checksums at iteration k of the pieces this source summed
-    std::vector<char> summed;               // ... which those are (sent, or digested)
-    bool digest = false;                    // verify_replicas: sum every piece, send the digest
-    std::vector<std::vector<std::uint32_t>> layer_pieces;  // verify_replicas: pieces of each layer
-    std::size_t layers_digested = 0;
-    std::vector<double> fork_durations;
-    double hook_s = 0;
-    std::uint64_t bytes_sent = 0;
-  };
+  using session = source_session<Comm>;
 
   /// What the engine offers the pipeline policy (pipeline::context), over the session in flight.
   class pipeline_context final : public pipeline::context {
@@ -296,19 +275,23 @@ class source_engine {
         e_.pipeline_broke_rule("context::post: piece " + std::to_string(d.piece) + " belongs to layer " +
                                std::to_string(p.layer) + ", not to layer " + std::to_string(d.layer));
       clone(d.to, "post");
-      return e_.post_data(d);
+      return e_.session_->post_data(e_.comm_, d.layer, d.to, d.bytes);
     }
     void send_headers(std::size_t l) override {
       in_session("send_headers");
-      e_.send_headers(layer(l, "send_headers"));
+      e_.session_->send_headers(e_.comm_, layer(l, "send_headers"));
     }
     bool done(request r) override { return in_session("done").out.done(e_.comm_, r); }
-    bool sends_done(std::size_t l) override { return e_.sends_done(in_session("sends_done").layer_reqs[layer(l, "sends_done")]); }
+    bool sends_done(std::size_t l) override {
+      auto& s = in_session("sends_done");
+      return s.sends_done(e_.comm_, s.layer_reqs[layer(l, "sends_done")]);
+    }
     bool refetches_done(std::size_t l) override {
-      return e_.sends_done(in_session("refetches_done").refetch_reqs[layer(l, "refetches_done")]);
+      auto& s = in_session("refetches_done");
+      return s.sends_done(e_.comm_, s.refetch_reqs[layer(l, "refetches_done")]);
     }
     bool verified(std::size_t l) const override {
-      return in_session("verified").acks[layer(l, "verified")] >= e_.acks_needed_[l];
+      return in_session("verified").verified(layer(l, "verified"));
     }
     bool verified_by(std::size_t l, std::uint32_t j) const override {
       return in_session("verified_by").acked[clone(j, "verified_by")][layer(l, "verified_by")] != 0;
@@ -557,20 +540,8 @@ class source_engine {
       if (session_) apply(m);
   }
   void open_session(const decision_msg& d) {
-    session_.emplace();
-    session_->id = d.session;
-    session_->k = d.iteration;
-    session_->tags = session_tags{base(), layout_.layer_count(), d.epoch};
     const std::size_t L = layout_.layer_count();
-    session_->layer_reqs.resize(L);
-    session_->final.assign(L, false);
-    session_->refetch_queue.resize(roles_.clone_count());
-    session_->acked.assign(roles_.clone_count(), std::vector<char>(L, 0));
-    session_->acks.assign(L, 0);
-    session_->released.assign(L, false);
-    session_->refetch_reqs.resize(L);
-    session_->piece_sums.assign(plan_.pieces().size(), 0);
-    session_->summed.assign(plan_.pieces().size(), 0);
+    session_.emplace(plan_, roles_, index_, d.session, d.iteration, session_tags{base(), L, d.epoch}, acks_needed_, L);
     session_->digest = (d.flags & flag_verify_replicas) != 0;
     if (session_->digest) {
       session_->layer_pieces.resize(L);
@@ -655,48 +626,13 @@ class source_engine {
   std::vector<pipeline::context::outgoing> outgoing_of(std::size_t l) {
     std::vector<pipeline::context::outgoing> out;
     if (resized(l)) return out;
-    for (auto& [pi, gs] : holders_of(l)) {
+    for (auto& [pi, gs] : pieces_sent_by(plan_, index_, l)) {
       auto& p = plan_.pieces()[pi];
       auto& o = out.emplace_back(pipeline::context::outgoing{pi, state_.bytes(p.tensor).subspan(p.offset, p.length), state_.space(p.tensor), {}});
       for (auto g : gs) o.to.push_back(plan_.groups()[g].to);
     }
     return out;
   }
-  /// Posts one data send of layer `d.layer` (a group's piece) to clone index `d.to`.
-  std::size_t post_data(const pipeline::context::data_send& d) {
-    auto& s = *session_;
-    auto r = s.out.send(comm_, roles_.clones[d.to], s.tags.layer(d.layer, false, false), d.bytes);
-    s.layer_reqs[d.layer].push_back(r);
-    s.bytes_sent += d.bytes.size();
-    return r;
-  }
-  /// Sends one header per group of layer `l` this source sends: its pieces and their sums.
-  void send_headers(std::size_t l) {
-    auto& s = *session_;
-    std::map<std::uint32_t, group_header> headers;
-    for (auto& [pi, gs] : holders_of(l)) {  // increasing piece index = each group's wire order
-      auto& p = plan_.pieces()[pi];
-      for (auto g : gs) {
-        auto& h = headers.try_emplace(g, group_header{.session = s.id, .iteration = s.k, .layer = static_cast<std::uint32_t>(l), .from = index_, .pieces = {}}).first->second;
-        h.pieces.push_back({p.tensor, p.offset, p.length, s.piece_sums[pi]});
-      }
-    }
-    for (auto& [g, h] : headers)
-      s.out.send_owned(comm_, roles_.clones[plan_.groups()[g].to], s.tags.layer(l, false, true), h.encode());
-  }
-
-  /// This source's pieces of layer `l`, each with the groups (clone ranks) that receive it.
-  std::map<std::uint32_t, std::vector<std::uint32_t>> holders_of(std::size_t l) const {
-    std::map<std::uint32_t, std::vector<std::uint32_t>> holders;
-    for (auto g : plan_.sent_by_source(index_, l))
-      for (auto pi : plan_.groups()[g].pieces) holders[pi].push_back(g);
-    return holders;
-  }
-
-  bool sends_done(const std::vector<std::size_t>& reqs) {
-    return std::all_of(reqs.begin(), reqs.end(), [&](std::size_t r) { return session_->out.done(comm_, r); });
-  }
-
   /// verify_replicas: checksums the pieces of layer `l` (final for iteration k) that this
   /// source did not just send and sum, and once every layer is done sends the folded
   /// digest of its whole replica to every clone rank.
@@ -761,16 +697,8 @@ class source_engine {
       cancelled(m.from, *c);
       return true;
     }
-    auto& s = *session_;
-    if (auto* a = std::get_if<ack_msg>(&m.body)) {
-      for (auto l : a->layers)
-        if (l < s.acks.size() && !s.acked[m.from][l]) {
-          s.acked[m.from][l] = 1;
-          ++s.acks[l];
-        }
-    } else if (auto* r = std::get_if<refetch_msg>(&m.body)) {
-      if (r->group < plan_.groups().size() && plan_.groups()[r->group].to == m.from) s.refetch_queue[m.from].push_back(r->group);
-    }
+    if (auto* a = std::get_if<ack_msg>(&m.body)) session_->acknowledged(m.from, a->layers);
+    else if (auto* r = std::get_if<refetch_msg>(&m.body)) session_->refetch_asked(m.from, r->group);
     return false;
   }
   /// Clone index `j` gave up the session, or (failover) presumed this source failed: only
@@ -840,10 +768,7 @@ class source_engine {
     auto& s = *session_;
     if constexpr (requires(Pipeline& p) { { p.pending(pipe_ctx_) } -> std::convertible_to<bool>; })
       if (settings_.pipeline.pending(pipe_ctx_)) return false;
-    if (!s.out.all_done(comm_)) return false;
-    for (std::size_t l = 0; l < s.acks.size(); ++l)
-      if (s.acks[l] < acks_needed_[l]) return false;
-    return true;
+    return s.out.all_done(comm_) && s.all_verified();
   }
 
   /// Before the trainer overwrites layer `l` again: progress until the pipeline allows it
@@ -882,19 +807,7 @@ class source_engine {
   }
 
   void complete_session() {
-    auto& s = *session_;
-    status_msg m;
-    m.session = s.id;
-    m.source_index = index_;
-    m.bytes_sent = s.bytes_sent;
-    m.hook_s = s.hook_s;
-    m.fork_iterations = static_cast<std::uint32_t>(s.fork_durations.size());
-    m.normal_iteration_s = median(normal_);
-    double fork = 0;
-    for (double d : s.fork_durations) fork += d;
-    m.overhead_s = std::isnan(m.normal_iteration_s) || s.fork_durations.empty()
-                       ? NAN
-                       : fork - static_cast<double>(s.fork_durations.size()) * m.normal_iteration_s;
+    const auto m = session_->figures(index_, median(normal_));
     for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
     ++completed_;
     end_session();

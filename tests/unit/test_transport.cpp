@@ -9,12 +9,17 @@
 #include <deepclone/collectives.hpp>
 #include <deepclone/detail/fork_messages.hpp>
 #include <deepclone/detail/session_inbox.hpp>
+#include <deepclone/detail/source_session.hpp>
+#include <deepclone/plan.hpp>
+#include <deepclone/reconstruct.hpp>
+#include <deepclone/shard.hpp>
 #include <deepclone/error.hpp>
 #include <deepclone/inproc.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -620,4 +625,58 @@ TEST_CASE("fork_messages: the newest request of each clone rank counts, a withdr
   out.wait_all(s0, std::chrono::seconds(1));
   coord.cancel(s0);
   other.cancel(s1);
+}
+
+TEST_CASE("source_session: each clone rank's acknowledgement counts once, refetches only of groups the plan sends it, headers carry the sums") {
+  // One source, two clone ranks, two layers, tensors split so that each clone rank gets its own groups.
+  const dc::layout lay({{"a", {{"w", 64 << 10, dc::dtype::f32, {16 << 10}}}}, {"b", {{"w", 32 << 10, dc::dtype::f32, {8 << 10}}}}});
+  const auto roles = dc::roles::contiguous(1, 2);
+  const auto plan = dc::make_plan(lay, 1, 2, dc::shard::split_even{1024}, dc::reconstruct::scatter_exchange{1024}, dc::plan_options{});
+  const std::vector<std::uint32_t> needed{2, 2};
+  dc::detail::source_session<communicator> s(plan, roles, 0, 7, 3, dc::detail::session_tags{1000, 2, 0}, needed, 2);
+
+  s.acknowledged(0, {0, 0, 9});  // a duplicate and a layer out of range
+  CHECK(s.acks == std::vector<std::uint32_t>{1, 0});
+  CHECK_FALSE(s.verified(0));
+  s.acknowledged(1, {0, 1});
+  CHECK(s.verified(0));
+  CHECK_FALSE(s.all_verified());
+  s.acknowledged(0, {1});
+  CHECK(s.all_verified());
+
+  std::uint32_t to_clone0 = 0;
+  while (plan.groups()[to_clone0].to != 0) ++to_clone0;
+  s.refetch_asked(1, to_clone0);  // not a group the plan sends clone rank 1
+  s.refetch_asked(0, static_cast<std::uint32_t>(plan.groups().size()));  // no such group
+  CHECK(s.refetch_queue[1].empty());
+  CHECK(s.refetch_queue[0].empty());
+  s.refetch_asked(0, to_clone0);
+  CHECK(s.refetch_queue[0] == std::deque<std::uint32_t>{to_clone0});
+
+  dc::inproc::world w(3);
+  auto src = w.comm(0);
+  for (std::size_t pi = 0; pi < s.piece_sums.size(); ++pi) s.piece_sums[pi] = 1000 + pi;
+  s.send_headers(src, 0);
+  std::size_t pieces = 0;
+  for (int c = 1; c <= 2; ++c) {
+    auto dst = w.comm(c);
+    for (auto g : plan.sent_by_source(0, 0)) {
+      if (roles.clones[plan.groups()[g].to] != c) continue;
+      std::vector<std::byte> buf(4096);
+      auto r = dst.irecv(0, s.tags.layer(0, false, true), buf);
+      auto n = dst.wait(r);
+      auto h = dc::detail::group_header::decode(std::span(buf).first(n));
+      CHECK(h.session == 7);
+      CHECK(h.iteration == 3);
+      REQUIRE(h.pieces.size() == plan.groups()[g].pieces.size());
+      for (std::size_t i = 0; i < h.pieces.size(); ++i) CHECK(h.pieces[i].checksum == 1000 + plan.groups()[g].pieces[i]);
+      pieces += h.pieces.size();
+    }
+  }
+  CHECK(pieces > 0);
+  CHECK(s.out.all_done(src));
+
+  s.fork_durations = {1.0, 1.5};
+  CHECK(s.figures(0, 0.5).overhead_s == doctest::Approx(1.5));
+  CHECK(std::isnan(s.figures(0, NAN).overhead_s));
 }
