@@ -66,7 +66,7 @@ class engine {
     /// oversubscribed node); a trainer calls `after_update` once per layer, so an unbounded
     /// rate puts hundreds of rounds into every iteration while a session is in flight. A hook
     /// that must wait (a layer not yet released) and `end_iteration` progress regardless.
-    /// 0: a round in every `after_update`.
+    /// 0: a round in every `after_update`; `nanoseconds::max()`: never on its own.
     std::chrono::nanoseconds poll_interval = std::chrono::milliseconds(1);
     /// agreement::coordinator: the coordinator forks at (iteration in which it saw every clone request) + fork_lead.
     /// Other sources must learn the decision before iteration k starts, so this is the

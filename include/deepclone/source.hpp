@@ -686,7 +686,9 @@ class source_engine {
   void poll_session_if_due() {
     const auto now = clock::now();
     if (now < session_->next_poll) return;
-    session_->next_poll = now + settings_.poll_interval;
+    const auto room = clock::time_point::max() - now;  // an interval of nanoseconds::max() means "never"
+    session_->next_poll = settings_.poll_interval >= room ? clock::time_point::max()
+                                                          : now + std::chrono::duration_cast<clock::duration>(settings_.poll_interval);
     poll_session();
   }
 
@@ -807,7 +809,7 @@ class source_engine {
   }
 
   void complete_session() {
-    const auto m = session_->figures(index_, median(normal_));
+    const auto m = session_->figures(median(normal_));
     for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
     ++completed_;
     end_session();

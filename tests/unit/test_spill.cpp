@@ -186,9 +186,11 @@ struct counted {
 
 /// One source forks to one clone rank over `counted`; in the iterations between the
 /// decision and k (a session in flight, no layer of k final yet) it counts the
-/// `after_update` calls and those that tested the transport.
+/// `after_update` calls and those that tested the transport, and likewise the
+/// `end_iteration` calls with a session in flight.
 struct poll_count {
   std::uint64_t hooks = 0, hooks_that_tested = 0;
+  std::uint64_t ends = 0, ends_that_tested = 0;
   bool clone_bitwise = false;
 };
 poll_count count_polls(std::chrono::nanoseconds interval) {
@@ -224,7 +226,13 @@ poll_count count_polls(std::chrono::nanoseconds interval) {
         if (*c.tests > tests) ++out.hooks_that_tested;
       }
       r.iterate_metadata(step);
+      const bool in_session = src.cloning();
+      const auto tests = *c.tests;
       src.end_iteration(step);
+      if (in_session) {
+        ++out.ends;
+        if (*c.tests > tests) ++out.ends_that_tested;
+      }
       std::this_thread::sleep_for(1ms);
     }
     src.finish();
@@ -241,8 +249,14 @@ TEST_CASE("source hooks: after_update makes a round of session progress at most 
   CHECK(every.clone_bitwise);
   REQUIRE(every.hooks >= 4);  // at least one iteration (4 or 5 layers updated) lies between the decision and k (fork_lead 2)
   CHECK(every.hooks_that_tested == every.hooks);
-  auto rarely = count_polls(std::chrono::hours(1));
-  CHECK(rarely.clone_bitwise);  // end_iteration still progresses every iteration
-  REQUIRE(rarely.hooks >= 4);
-  CHECK(rarely.hooks_that_tested <= 1);  // the session's first after_update only
+  for (auto never : {std::chrono::nanoseconds(std::chrono::hours(1)), std::chrono::nanoseconds::max()}) {
+    CAPTURE(never.count());
+    auto rarely = count_polls(never);
+    CHECK(rarely.clone_bitwise);
+    REQUIRE(rarely.hooks >= 4);
+    CHECK(rarely.hooks_that_tested <= 1);  // the session's first after_update only
+    // end_iteration progresses every time regardless (that is where a session completes).
+    REQUIRE(rarely.ends >= 2);
+    CHECK(rarely.ends_that_tested == rarely.ends);
+  }
 }

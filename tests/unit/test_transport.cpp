@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -657,26 +658,65 @@ TEST_CASE("source_session: each clone rank's acknowledgement counts once, refetc
   auto src = w.comm(0);
   for (std::size_t pi = 0; pi < s.piece_sums.size(); ++pi) s.piece_sums[pi] = 1000 + pi;
   s.send_headers(src, 0);
+  // A receive that completes within a bounded number of tests, or not at all.
+  auto take = [](communicator& c, communicator::request_type& r) -> std::optional<std::size_t> {
+    for (int i = 0; i < 1000; ++i)
+      if (auto n = c.test(r)) return n;
+    return std::nullopt;
+  };
   std::size_t pieces = 0;
   for (int c = 1; c <= 2; ++c) {
     auto dst = w.comm(c);
+    std::vector<std::byte> buf(4096);
     for (auto g : plan.sent_by_source(0, 0)) {
       if (roles.clones[plan.groups()[g].to] != c) continue;
-      std::vector<std::byte> buf(4096);
       auto r = dst.irecv(0, s.tags.layer(0, false, true), buf);
-      auto n = dst.wait(r);
-      auto h = dc::detail::group_header::decode(std::span(buf).first(n));
+      auto n = take(dst, r);
+      REQUIRE(n);
+      auto h = dc::detail::group_header::decode(std::span(buf).first(*n));
       CHECK(h.session == 7);
       CHECK(h.iteration == 3);
-      REQUIRE(h.pieces.size() == plan.groups()[g].pieces.size());
-      for (std::size_t i = 0; i < h.pieces.size(); ++i) CHECK(h.pieces[i].checksum == 1000 + plan.groups()[g].pieces[i]);
+      CHECK(h.layer == 0);
+      CHECK(h.from == 0);
+      const auto& want = plan.groups()[g].pieces;
+      REQUIRE(h.pieces.size() == want.size());
+      for (std::size_t i = 0; i < h.pieces.size(); ++i) {
+        const auto& p = plan.pieces()[want[i]];
+        CHECK(h.pieces[i].tensor == p.tensor);
+        CHECK(h.pieces[i].offset == p.offset);
+        CHECK(h.pieces[i].length == p.length);
+        CHECK(h.pieces[i].checksum == 1000 + want[i]);
+      }
       pieces += h.pieces.size();
     }
+    auto extra = dst.irecv(0, s.tags.layer(0, false, true), buf);  // one header per group, no more
+    CHECK_FALSE(take(dst, extra));
+    dst.cancel(extra);
   }
   CHECK(pieces > 0);
   CHECK(s.out.all_done(src));
 
+  // A data send is booked under its layer and counted.
+  std::vector<std::byte> data(100, std::byte{7}), got(100);
+  auto dst = w.comm(roles.clones[1]);
+  auto r = dst.irecv(0, s.tags.layer(1, false, false), got);
+  const auto req = s.post_data(src, 1, 1, data);
+  REQUIRE(take(dst, r) == std::optional<std::size_t>(100));
+  CHECK(got == data);
+  CHECK(s.layer_reqs[1] == std::vector<std::size_t>{req});
+  CHECK(s.layer_reqs[0].empty());
+  CHECK(s.bytes_sent == 100);
+  CHECK(s.sends_done(src, s.layer_reqs[1]));
+
   s.fork_durations = {1.0, 1.5};
-  CHECK(s.figures(0, 0.5).overhead_s == doctest::Approx(1.5));
-  CHECK(std::isnan(s.figures(0, NAN).overhead_s));
+  s.hook_s = 0.25;
+  const auto f = s.figures(0.5);
+  CHECK(f.session == 7);
+  CHECK(f.source_index == 0);
+  CHECK(f.bytes_sent == 100);
+  CHECK(f.hook_s == 0.25);
+  CHECK(f.fork_iterations == 2);
+  CHECK(f.normal_iteration_s == 0.5);
+  CHECK(f.overhead_s == doctest::Approx(1.5));
+  CHECK(std::isnan(s.figures(NAN).overhead_s));
 }

@@ -95,12 +95,12 @@ struct source_session {
     return true;
   }
 
-  /// The completed session's figures, as source `source` reports them to the clone ranks:
-  /// the overhead is the fork iterations' time beyond as many normal iterations.
-  status_msg figures(std::uint32_t source, double normal_iteration_s) const {
+  /// The completed session's figures, as this source reports them to the clone ranks: the
+  /// overhead is the fork iterations' time beyond as many normal iterations.
+  status_msg figures(double normal_iteration_s) const {
     status_msg m;
     m.session = id;
-    m.source_index = source;
+    m.source_index = source_;
     m.bytes_sent = bytes_sent;
     m.hook_s = hook_s;
     m.fork_iterations = static_cast<std::uint32_t>(fork_durations.size());
