@@ -66,8 +66,10 @@ class engine {
     /// oversubscribed node); a trainer calls `after_update` once per layer, so an unbounded
     /// rate puts hundreds of rounds into every iteration while a session is in flight. A hook
     /// that must wait (a layer not yet released) and `end_iteration` progress regardless.
-    /// 0: a round in every `after_update`; `nanoseconds::max()`: never on its own.
-    std::chrono::nanoseconds poll_interval = std::chrono::milliseconds(1);
+    /// 0 (the default): a round in every `after_update`; `nanoseconds::max()`: never on its
+    /// own. A sweep of 0, 1 and 5 ms under mpirun showed no gain beyond the rounds' spread
+    /// (docs/performance.md), so the default stays what it was.
+    std::chrono::nanoseconds poll_interval{0};
     /// agreement::coordinator: the coordinator forks at (iteration in which it saw every clone request) + fork_lead.
     /// Other sources must learn the decision before iteration k starts, so this is the
     /// tolerated skew between sources, in iterations.
