@@ -541,7 +541,7 @@ class source_engine {
   }
   void open_session(const decision_msg& d) {
     const std::size_t L = layout_.layer_count();
-    session_.emplace(plan_, roles_, index_, d.session, d.iteration, session_tags{base(), L, d.epoch}, acks_needed_, L);
+    session_.emplace(plan_, roles_, index_, d.session, d.iteration, session_tags{base(), L, d.epoch}, acks_needed_);
     session_->digest = (d.flags & flag_verify_replicas) != 0;
     if (session_->digest) {
       session_->layer_pieces.resize(L);

@@ -634,7 +634,7 @@ TEST_CASE("source_session: each clone rank's acknowledgement counts once, refetc
   const auto roles = dc::roles::contiguous(1, 2);
   const auto plan = dc::make_plan(lay, 1, 2, dc::shard::split_even{1024}, dc::reconstruct::scatter_exchange{1024}, dc::plan_options{});
   const std::vector<std::uint32_t> needed{2, 2};
-  dc::detail::source_session<communicator> s(plan, roles, 0, 7, 3, dc::detail::session_tags{1000, 2, 0}, needed, 2);
+  dc::detail::source_session<communicator> s(plan, roles, 0, 7, 3, dc::detail::session_tags{1000, 2, 0}, needed);
 
   s.acknowledged(0, {0, 0, 9});  // a duplicate and a layer out of range
   CHECK(s.acks == std::vector<std::uint32_t>{1, 0});

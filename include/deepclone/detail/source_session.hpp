@@ -35,10 +35,12 @@ inline std::map<std::uint32_t, std::vector<std::uint32_t>> pieces_sent_by(const 
 template <class Comm>
 struct source_session {
   /// Session `id` at iteration `k` of source `source`, in tag block `tags`; `acks_needed`
-  /// (per layer, the clone ranks that receive part of it) must outlive the session.
+  /// (per layer, the clone ranks that receive part of it; its size is the layer count) must
+  /// outlive the session.
   source_session(const plan& p, const roles& r, std::uint32_t source, std::uint64_t id_, std::uint64_t k_, session_tags tags_,
-                 const std::vector<std::uint32_t>& acks_needed, std::size_t layers)
+                 const std::vector<std::uint32_t>& acks_needed)
       : id(id_), k(k_), tags(tags_), plan_(p), roles_(r), source_(source), acks_needed_(acks_needed) {
+    const std::size_t layers = acks_needed.size();
     layer_reqs.resize(layers);
     final.assign(layers, false);
     acked.assign(r.clone_count(), std::vector<char>(layers, 0));
