@@ -3,7 +3,9 @@
 /// Partitioned training state (ZeRO, FSDP, tensor and pipeline parallelism): which part of
 /// each tensor of the *global* layout a rank holds or wants, and the pure plan that moves
 /// every wanted byte from a source holding it. This header is the planner only; the
-/// engines do not use it yet (issue 12: the engine wiring, failover and packing follow).
+/// engines do not use it yet (issue 12: partition_groups.hpp groups and packs its
+/// transfers, partition_declaration.hpp is what both sides prove before bytes move; the
+/// engine wiring and failover follow).
 ///
 /// A rank declares, per global tensor, a list of parts, each stored densely in the rank's
 /// own tensor from `local_offset` on: all of it (replicated), a flat element range of the

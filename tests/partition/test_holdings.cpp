@@ -9,60 +9,16 @@
 
 #include <cstdint>
 #include <map>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "scenarios.hpp"
+
 namespace dc = deepclone;
+using namespace partition_test;
 
 namespace {
-
-using dims_t = std::vector<std::uint64_t>;
-
-dc::tensor_desc tensor(std::string name, dims_t dims, dc::dtype t = dc::dtype::f32) {
-  dc::tensor_desc d{std::move(name), dc::dtype_size(t), t, {}};
-  for (auto x : dims) {
-    d.bytes *= x;
-    d.shape.push_back(static_cast<std::int64_t>(x));
-  }
-  return d;
-}
-
-/// global byte -> local byte of one rank's tensor, enumerated element by element.
-using byte_map = std::map<std::uint64_t, std::uint64_t>;
-byte_map brute_map(const dc::tensor_desc& d, const std::vector<dc::part>& parts) {
-  const std::uint64_t es = dc::dtype_size(d.type);
-  dims_t dims;
-  for (auto x : d.shape) dims.push_back(static_cast<std::uint64_t>(x));
-  byte_map m;
-  auto put = [&](std::uint64_t elem, std::uint64_t local) {
-    for (std::uint64_t b = 0; b < es; ++b) m[elem * es + b] = local + b;
-  };
-  for (auto& p : parts) {
-    if (p.kind == dc::part::shape_kind::whole)
-      for (std::uint64_t e = 0; e < d.bytes / es; ++e) put(e, p.local_offset + e * es);
-    else if (p.kind == dc::part::shape_kind::flat)
-      for (std::uint64_t e = p.begin; e < p.end; ++e) put(e, p.local_offset + (e - p.begin) * es);
-    else {
-      const std::uint64_t n = std::accumulate(p.count.begin(), p.count.end(), std::uint64_t{1}, std::multiplies<>());
-      for (std::uint64_t i = 0; i < n; ++i) {  // i: dense row-major index inside the box
-        std::uint64_t rest = i, global = 0, stride = 1;
-        dims_t idx(dims.size());
-        for (std::size_t k = dims.size(); k-- > 0;) {
-          idx[k] = rest % p.count[k];
-          rest /= p.count[k];
-        }
-        for (std::size_t k = dims.size(); k-- > 0;) {
-          global += (p.start[k] + idx[k]) * stride;
-          stride *= dims[k];
-        }
-        put(global, p.local_offset + i * es);
-      }
-    }
-  }
-  return m;
-}
 
 /// Every byte a clone rank wants arrives exactly once, at the right place, from a source
 /// that holds it at the offset the transfer names; nothing unwanted arrives.
@@ -96,24 +52,6 @@ void check_plan(const dc::partition_plan& p, const dc::layout& lay, const std::v
   }
 }
 
-/// Element range [b, e) of the flattened tensor split unevenly over `n` ranks (rank i gets
-/// a share proportional to i + 1), as flat parts.
-std::vector<dc::part> uneven_flat(const dc::tensor_desc& d, std::uint32_t n, std::uint32_t i) {
-  const std::uint64_t elems = d.bytes / dc::dtype_size(d.type), total = n * (n + 1) / 2;
-  std::uint64_t b = 0;
-  for (std::uint32_t k = 0; k < i; ++k) b += elems * (k + 1) / total;
-  const std::uint64_t e = i + 1 == n ? elems : b + elems * (i + 1) / total;
-  return {dc::part::flat(b, e)};
-}
-
-dc::layout two_layer_model() {
-  dc::layout l;
-  l.add_layer({"fc1", {tensor("weight", {64, 48}), tensor("bias", {64}), tensor("weight.adam_m", {64, 48})}});
-  l.add_layer({"fc2", {tensor("weight", {48, 64}), tensor("bias", {48}), tensor("weight.adam_m", {48, 64})}});
-  return l;
-}
-bool is_slot(const std::string& name) { return name.find("adam") != std::string::npos; }
-
 }  // namespace
 
 TEST_CASE("partition: replicated on both sides is today's case, each source sending about S*M/N") {
@@ -125,15 +63,9 @@ TEST_CASE("partition: replicated on both sides is today's case, each source send
 }
 
 TEST_CASE("partition: ZeRO-1 over N=4 (slots flat-partitioned, uneven) into M=2 replicated") {
-  const auto lay = two_layer_model();
-  std::vector<dc::holdings> src(4, dc::holdings(lay.tensor_count())), dst(2, dc::holdings::replicated(lay));
+  const auto [lay, src, dst] = zero1();
   std::uint64_t slot_bytes = 0;
-  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
-    const bool slot = is_slot(lay.tensor(t).name);
-    slot_bytes += slot ? lay.tensor(t).bytes : 0;
-    for (std::uint32_t s = 0; s < 4; ++s)
-      src[s].of_tensor[t] = slot ? uneven_flat(lay.tensor(t), 4, s) : std::vector<dc::part>{dc::part::whole()};
-  }
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) slot_bytes += is_slot(lay.tensor(t).name) ? lay.tensor(t).bytes : 0;
   const auto p = dc::make_partition_plan(lay, src, dst);
   check_plan(p, lay, src, dst);
   // Each source sends its own slot partition (to both clones) and a quarter of the replicated
@@ -162,24 +94,8 @@ TEST_CASE("partition: ZeRO-3 N=4 into ZeRO-3 M=2, uneven flat partitions on both
 }
 
 TEST_CASE("partition: tensor parallel 2 x data parallel 2 (column and row splits) into TP1 on M=3") {
-  const auto lay = two_layer_model();
-  // Sources 0,1: TP ranks of replica 0; 2,3: of replica 1. fc1 is column-parallel (split
-  // along dim 0 of [out, in]); fc2 row-parallel (split along dim 1: rows not contiguous).
-  std::vector<dc::holdings> src(4, dc::holdings(lay.tensor_count())), dst(3, dc::holdings::replicated(lay));
-  for (std::uint32_t s = 0; s < 4; ++s) {
-    const std::uint64_t tp = s % 2;
-    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
-      const auto& d = lay.tensor(t);
-      const dims_t dims{static_cast<std::uint64_t>(d.shape[0]), d.shape.size() > 1 ? static_cast<std::uint64_t>(d.shape[1]) : 1};
-      if (d.shape.size() == 1)
-        src[s].of_tensor[t] = lay.layer_of(t) == 0 ? std::vector<dc::part>{dc::part::box({tp * dims[0] / 2}, {dims[0] / 2})}
-                                                   : std::vector<dc::part>{dc::part::whole()};  // row-parallel bias: replicated
-      else if (lay.layer_of(t) == 0)
-        src[s].of_tensor[t] = {dc::part::box({tp * dims[0] / 2, 0}, {dims[0] / 2, dims[1]})};
-      else
-        src[s].of_tensor[t] = {dc::part::box({0, tp * dims[1] / 2}, {dims[0], dims[1] / 2})};
-    }
-  }
+  // scenarios.hpp: fc1 column-parallel, fc2 row-parallel (its rows not contiguous).
+  const auto [lay, src, dst] = tp2_dp2();
   const auto p = dc::make_partition_plan(lay, src, dst);
   check_plan(p, lay, src, dst);
   // Each source holds S/2 (+ the replicated bias) and shares it with its replica twin: it
@@ -262,66 +178,7 @@ TEST_CASE("partition: randomised holdings on both sides, every wanted byte exact
   auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
   for (int round = 0; round < 60; ++round) {
     CAPTURE(round);
-    dc::layout lay;
-    const auto tensors = 1 + pick(4);
-    std::vector<dc::tensor_desc> ts;
-    for (std::uint64_t i = 0; i < tensors; ++i) {
-      dims_t dims;
-      for (auto r = 1 + pick(3); r-- > 0;) dims.push_back(1 + pick(9));
-      ts.push_back(tensor("t" + std::to_string(i), dims, pick(2) ? dc::dtype::f32 : dc::dtype::f16));
-    }
-    lay.add_layer({"a", {ts.begin(), ts.begin() + static_cast<std::ptrdiff_t>((tensors + 1) / 2)}});
-    lay.add_layer({"b", {ts.begin() + static_cast<std::ptrdiff_t>((tensors + 1) / 2), ts.end()}});
-    const auto n = static_cast<std::uint32_t>(1 + pick(4)), m = static_cast<std::uint32_t>(1 + pick(3));
-    // A random partition of a tensor into `k` parts: whole, flat cuts, or boxes along one dimension.
-    auto partition = [&](const dc::tensor_desc& d, std::uint32_t k) {
-      std::vector<std::vector<dc::part>> out(k);
-      const std::uint64_t elems = d.bytes / dc::dtype_size(d.type);
-      switch (pick(3)) {
-        case 0: out[pick(k)].push_back(dc::part::whole()); break;
-        case 1: {
-          std::vector<std::uint64_t> cut{0, elems};
-          for (std::uint32_t i = 1; i < k; ++i) cut.push_back(pick(elems + 1));
-          std::sort(cut.begin(), cut.end());
-          for (std::uint32_t i = 0; i + 1 < cut.size(); ++i) out[pick(k)].push_back(dc::part::flat(cut[i], cut[i + 1]));
-          break;
-        }
-        default: {
-          dims_t dims;
-          for (auto x : d.shape) dims.push_back(static_cast<std::uint64_t>(x));
-          const auto dim = pick(dims.size());
-          for (std::uint64_t b = 0; b < dims[dim];) {
-            const auto len = 1 + pick(dims[dim] - b);
-            dims_t start(dims.size(), 0), count = dims;
-            start[dim] = b;
-            count[dim] = len;
-            out[pick(k)].push_back(dc::part::box(start, count));
-            b += len;
-          }
-        }
-      }
-      for (auto& parts : out) {  // dense local storage, parts one after the other
-        std::uint64_t at = 0;
-        for (auto& p : parts) {
-          p.local_offset = at;
-          at += brute_map(d, {p}).size();
-        }
-      }
-      return out;
-    };
-    // Sources: `replicas` groups, each group partitioning every tensor among its members.
-    const auto replicas = static_cast<std::uint32_t>(1 + pick(n));
-    std::vector<dc::holdings> src(n, dc::holdings(lay.tensor_count())), dst(m, dc::holdings(lay.tensor_count()));
-    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
-      for (std::uint32_t g = 0; g < replicas; ++g) {
-        std::vector<std::uint32_t> members;
-        for (std::uint32_t s = g; s < n; s += replicas) members.push_back(s);
-        auto parts = partition(lay.tensor(t), static_cast<std::uint32_t>(members.size()));
-        for (std::size_t i = 0; i < members.size(); ++i) src[members[i]].of_tensor[t] = parts[i];
-      }
-      auto wants = partition(lay.tensor(t), m);
-      for (std::uint32_t c = 0; c < m; ++c) dst[c].of_tensor[t] = pick(4) ? wants[c] : std::vector<dc::part>{dc::part::whole()};
-    }
+    const auto [lay, src, dst] = random_scenario(pick);
     check_plan(dc::make_partition_plan(lay, src, dst, 1 + pick(8)), lay, src, dst);
   }
 }

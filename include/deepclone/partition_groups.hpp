@@ -1,0 +1,218 @@
+#pragma once
+/// \file partition_groups.hpp
+/// How the partitioned plan's bytes travel (issue 12): its region_transfers grouped per
+/// (layer, source, clone rank), each group cut into messages. A run of at least
+/// `direct_min_bytes` is a message of its own, read straight from the source's tensor and
+/// received straight into the clone's (zero copy, as replicated pieces travel); the group's
+/// smaller runs are packed into one message (`pack` on the sender, `unpack` on the
+/// receiver), because one message per small run costs far more than copying it twice
+/// (docs/performance.md, "Partitioned transfers"). Over MPI a packed message is better sent
+/// as one derived datatype over its runs where they average 1 KiB or more
+/// (MPI_Type_create_hindexed was 1.0-3.5x faster than packing there, no faster below); the
+/// messages are the unit for both. Pure and
+/// deterministic, like the plan: every rank computes the same groups. The engines do not
+/// use it yet.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "error.hpp"
+#include "holdings.hpp"
+#include "layout.hpp"
+
+namespace deepclone {
+
+struct partition_group_options {
+  /// Runs at least this long travel as their own message, zero copy (no CPU time or memory
+  /// bandwidth taken from the training source). Measured under Open MPI, shared memory: one
+  /// message per run was 3-550x slower than packing for runs of 8 KiB and less and overtook
+  /// it at 32-64 KiB (quiet machine; 256 KiB under load): the default sits at that crossover.
+  std::uint64_t direct_min_bytes = 64 * 1024;
+  /// No message carries more (a longer run is cut, a packed message closes): keeps every
+  /// count under MPI's 2 GiB limit and lets the receiver unpack one packed message while the
+  /// sender packs the next (1 MiB messages beat one 16 MiB pack in 9 of 11 cases, up to 1.7x;
+  /// 1 MiB runs moved within 7 % of 4 MiB runs).
+  std::uint64_t max_message_bytes = 1024 * 1024;
+};
+
+/// One message of a group: a single run sent tensor to tensor (`packed` false), or several
+/// runs packed one after the other in this order (`packed` true).
+struct partition_message {
+  std::vector<region_transfer> runs;
+  std::uint64_t bytes = 0;
+  bool packed = false;
+};
+
+/// What one source sends one clone rank of one layer, as messages (direct ones first, in
+/// tensor and global byte order, then the packed ones).
+struct partition_group {
+  std::uint32_t layer = 0, source = 0, clone = 0;
+  std::vector<partition_message> messages;
+  std::uint64_t bytes = 0;
+};
+
+class partition_groups {
+ public:
+  /// Groups by layer ascending (the clone's forward order), then source, then clone rank.
+  const std::vector<partition_group>& groups() const noexcept { return groups_; }
+  /// Indices into groups() that source `s` sends / clone rank `c` receives, in that order.
+  std::span<const std::uint32_t> sent_by_source(std::uint32_t s) const { return by_source_.at(s); }
+  std::span<const std::uint32_t> received_by_clone(std::uint32_t c) const { return by_clone_.at(c); }
+  std::uint64_t bytes_sent_by_source(std::uint32_t s) const { return source_bytes_.at(s); }
+  std::uint64_t bytes_received_by_clone(std::uint32_t c) const { return clone_bytes_.at(c); }
+  std::uint64_t messages_sent_by_source(std::uint32_t s) const {
+    std::uint64_t n = 0;
+    for (auto g : by_source_.at(s)) n += groups_[g].messages.size();
+    return n;
+  }
+  friend partition_groups make_partition_groups(const partition_plan&, std::uint32_t, std::uint32_t,
+                                                const partition_group_options&);
+
+ private:
+  std::vector<partition_group> groups_;
+  std::vector<std::vector<std::uint32_t>> by_source_, by_clone_;
+  std::vector<std::uint64_t> source_bytes_, clone_bytes_;
+};
+
+namespace detail {
+
+/// The runs of one group as messages: long runs alone (cut at the message limit), short
+/// runs packed up to the limit. A lone short run is sent alone: packing it would only copy.
+inline std::vector<partition_message> group_messages(const std::vector<region_transfer>& runs,
+                                                     const partition_group_options& opt) {
+  std::vector<partition_message> direct, packed;
+  for (const auto& r : runs) {
+    if (r.length < opt.direct_min_bytes && r.length <= opt.max_message_bytes) {
+      if (packed.empty() || packed.back().bytes + r.length > opt.max_message_bytes) packed.push_back({{}, 0, true});
+      packed.back().runs.push_back(r);
+      packed.back().bytes += r.length;
+      continue;
+    }
+    for (std::uint64_t at = 0; at < r.length; at += opt.max_message_bytes) {
+      auto cut = r;
+      cut.global += at, cut.source_offset += at, cut.clone_offset += at;
+      cut.length = std::min(opt.max_message_bytes, r.length - at);
+      direct.push_back({{cut}, cut.length, false});
+    }
+  }
+  for (auto& m : packed) m.packed = m.runs.size() > 1;
+  direct.insert(direct.end(), packed.begin(), packed.end());
+  return direct;
+}
+
+}  // namespace detail
+
+/// Groups the plan's transfers for `sources` sources and `clones` clone ranks. Throws
+/// `errc::invalid_argument` for a transfer naming a source or clone rank outside those
+/// counts, or options that could not cut a message (a zero message limit).
+inline partition_groups make_partition_groups(const partition_plan& plan, std::uint32_t sources, std::uint32_t clones,
+                                              const partition_group_options& opt = {}) {
+  if (opt.max_message_bytes == 0) throw error(errc::invalid_argument, "partition groups: max_message_bytes must be above 0");
+  auto runs = plan.transfers();
+  for (const auto& r : runs)
+    if (r.source >= sources || r.clone >= clones)
+      throw error(errc::invalid_argument, "partition groups: a transfer of tensor " + std::to_string(r.tensor) + " names source " +
+                                              std::to_string(r.source) + " and clone rank " + std::to_string(r.clone) + " of " +
+                                              std::to_string(sources) + " and " + std::to_string(clones));
+  auto key = [](const region_transfer& r) { return std::tie(r.layer, r.source, r.clone, r.tensor, r.global); };
+  std::sort(runs.begin(), runs.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
+  partition_groups out;
+  out.by_source_.resize(sources), out.by_clone_.resize(clones);
+  out.source_bytes_.assign(sources, 0), out.clone_bytes_.assign(clones, 0);
+  for (std::size_t i = 0; i < runs.size();) {
+    std::size_t j = i;
+    std::uint64_t bytes = 0;
+    for (; j < runs.size() && std::tie(runs[j].layer, runs[j].source, runs[j].clone) ==
+                                  std::tie(runs[i].layer, runs[i].source, runs[i].clone); ++j)
+      bytes += runs[j].length;
+    const auto g = static_cast<std::uint32_t>(out.groups_.size());
+    out.groups_.push_back({runs[i].layer, runs[i].source, runs[i].clone,
+                           detail::group_messages({runs.begin() + static_cast<std::ptrdiff_t>(i), runs.begin() + static_cast<std::ptrdiff_t>(j)}, opt), bytes});
+    out.by_source_[runs[i].source].push_back(g), out.by_clone_[runs[i].clone].push_back(g);
+    out.source_bytes_[runs[i].source] += bytes, out.clone_bytes_[runs[i].clone] += bytes;
+    i = j;
+  }
+  return out;
+}
+
+namespace detail {
+
+/// The bytes of `run` in one side's own tensor, refusing a run that reaches outside it or a
+/// tensor index the side does not have: nothing is ever read or written beyond a tensor.
+template <class Byte>
+std::span<Byte> run_bytes_checked(const layout& global, const region_transfer& r, std::uint64_t offset,
+                                  std::span<const std::span<Byte>> tensors, const char* side) {
+  auto name = [&] {
+    return r.tensor < global.tensor_count() ? tensor_label(global, r.tensor) : "tensor " + std::to_string(r.tensor);
+  };
+  if (r.tensor >= tensors.size())
+    throw error(errc::invalid_argument, std::string(side) + ": " + name() + " is not among its " + std::to_string(tensors.size()) + " tensors");
+  const auto size = tensors[r.tensor].size();
+  if (offset > size || r.length > size - offset)
+    throw error(errc::invalid_argument, std::string(side) + ": " + name() + ": bytes [" + std::to_string(offset) + ", " +
+                                            std::to_string(offset + r.length) + ") lie outside its own tensor of " +
+                                            std::to_string(size) + " bytes");
+  return tensors[r.tensor].subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(r.length));
+}
+
+inline std::uint64_t packed_size(std::span<const region_transfer> runs) {
+  std::uint64_t n = 0;
+  for (const auto& r : runs) n += r.length;
+  return n;
+}
+
+}  // namespace detail
+
+/// The source's own bytes of a direct run (what it sends as they are), bounds-checked.
+/// `tensors[t]` is the source's own tensor t (flat index of the global layout).
+inline std::span<const std::byte> source_run(const layout& global, const region_transfer& r,
+                                             std::span<const std::span<const std::byte>> tensors) {
+  return detail::run_bytes_checked<const std::byte>(global, r, r.source_offset, tensors, "source");
+}
+/// The clone rank's own bytes a direct run is received into, bounds-checked.
+inline std::span<std::byte> clone_run(const layout& global, const region_transfer& r, std::span<const std::span<std::byte>> tensors) {
+  return detail::run_bytes_checked<std::byte>(global, r, r.clone_offset, tensors, "clone rank");
+}
+
+/// Sender: copies `runs` from the source's own tensors into `out`, one after the other.
+/// Throws `errc::invalid_argument` naming the tensor and bytes for a run outside its tensor
+/// or an `out` of another size than the runs' bytes; nothing is written then.
+inline void pack(const layout& global, std::span<const region_transfer> runs,
+                 std::span<const std::span<const std::byte>> source_tensors,
+                 std::span<std::byte> out) {
+  if (out.size() != detail::packed_size(runs))
+    throw error(errc::invalid_argument, "pack: a buffer of " + std::to_string(out.size()) + " bytes for runs of " +
+                                            std::to_string(detail::packed_size(runs)) + " bytes");
+  for (const auto& r : runs) source_run(global, r, source_tensors);  // every run checked before a byte moves
+  std::size_t at = 0;
+  for (const auto& r : runs) {
+    const auto from = source_run(global, r, source_tensors);
+    if (!from.empty()) std::memcpy(out.data() + at, from.data(), from.size());
+    at += from.size();
+  }
+}
+
+/// Receiver: copies a packed message `in` into the clone rank's own tensors. Throws like
+/// `pack` (a message of another size than the runs is `errc::corrupt_message`); nothing is
+/// written then.
+inline void unpack(const layout& global, std::span<const region_transfer> runs, std::span<const std::byte> in,
+                   std::span<const std::span<std::byte>> clone_tensors) {
+  if (in.size() != detail::packed_size(runs))
+    throw error(errc::corrupt_message, "unpack: a packed message of " + std::to_string(in.size()) + " bytes for runs of " +
+                                           std::to_string(detail::packed_size(runs)) + " bytes");
+  for (const auto& r : runs) clone_run(global, r, clone_tensors);
+  std::size_t at = 0;
+  for (const auto& r : runs) {
+    const auto to = clone_run(global, r, clone_tensors);
+    if (!to.empty()) std::memcpy(to.data(), in.data() + at, to.size());
+    at += to.size();
+  }
+}
+
+}  // namespace deepclone
