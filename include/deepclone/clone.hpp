@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "checksum.hpp"
+#include "detail/clone_transfer.hpp"
 #include "detail/outbox.hpp"
 #include "detail/replica_digests.hpp"
 #include "detail/wire.hpp"
@@ -162,7 +163,7 @@ class clone_engine {
     r.agreement_s = agreement_s_;
     r.readiness_s = readiness_s_;
     r.standby_s = standby_s_;
-    r.refetched_groups = refetches_;
+    r.refetched_groups = transfer_.refetches();
     r.replicas_verified = digests_.verified();
     r.layer_ready_s.resize(ready_at_.size());
     for (std::size_t l = 0; l < ready_at_.size(); ++l) r.layer_ready_s[l] = *ready_at_[l];
@@ -183,9 +184,9 @@ class clone_engine {
     idler<Comm> idle(comm_);
     for (;;) {
       idle.mark();
-      guarded_progress();
+      guarded([&] { return progress(); });
       bool all = std::all_of(summaries_.begin(), summaries_.end(), [](auto& s) { return s.has_value(); });
-      for (std::size_t i = 0; i < statuses_.size(); ++i) all = all && (statuses_[i] || failed_[i]);
+      for (std::size_t i = 0; i < statuses_.size(); ++i) all = all && (statuses_[i] || transfer_.failed(i));
       if (all || clock::now() >= until) return;
       idle.idle(until);
     }
@@ -202,7 +203,7 @@ class clone_engine {
       }
       auto& s = *statuses_[i];
       r.sources.push_back({roles_.sources[i], s.bytes_sent, s.hook_s, s.overhead_s, s.normal_iteration_s, s.fork_iterations,
-                           s.code != 0 || failed_[i]});
+                           s.code != 0 || transfer_.failed(i)});
     }
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
       summary_msg s = j == index_ ? my_summary() : summaries_[j].value_or(summary_msg{0, j, 0, 0, NAN, NAN, NAN});
@@ -211,24 +212,6 @@ class clone_engine {
   }
 
   enum class phase { idle, requested, refused, receiving, complete, failed };
-
-  static constexpr std::uint32_t original = ~std::uint32_t{0};
-
-  struct inbound {
-    std::uint32_t group;
-    std::uint32_t refetch_from = original;  ///< source index serving it again, if refetched
-    std::vector<char> tried;                ///< sources that could not deliver it intact
-    std::vector<std::uint64_t> expected;    ///< checksums announced by the first intact header
-    bool short_piece = false;               ///< a data message shorter than its piece
-    std::vector<std::byte> header;
-    request_t header_req;
-    bool header_done = false;
-    std::vector<request_t> data;
-    bool data_posted = true;                ///< false while a refetch waits for its header
-    std::size_t data_done = 0;
-    std::vector<bool> done;
-    bool verified = false;
-  };
 
   void check_layer(std::size_t l) const {
     if (l >= ready_at_.size())
@@ -267,11 +250,11 @@ class clone_engine {
   /// for `poll()` and every wait): presumes silent sources failed after
   /// `settings.failover_after` and fails after `settings.timeout` without progress.
   void advance() {
-    if (guarded_progress()) rearm_deadlines();
+    if (guarded([&] { return progress(); })) rearm_deadlines();
     report_progress();  // also when completion came in a round that received nothing new (a digest check)
     const auto now = clock::now();
     if (phase_ == phase::receiving && now >= stall_check_) {
-      failover_stalled();
+      guarded([&] { return failover_stalled(), true; });
       stall_check_ = now + settings_.failover_after;
     }
     if (now >= deadline_ && in_flight())
@@ -305,11 +288,13 @@ class clone_engine {
     }
   }
 
-  /// progress(), with any error the transport raises turned into a clean failure of the
-  /// clone (receives withdrawn, sources told), never a half-abandoned session.
-  bool guarded_progress() {
+  /// Runs `f` (a round of progress, or failover) with any error it or the transport raises
+  /// turned into a clean failure of the clone (receives withdrawn, sources told), never a
+  /// half-abandoned session.
+  template <class F>
+  bool guarded(F f) {
     try {
-      return progress();
+      return f();
     } catch (const error& e) {
       if (phase_ == phase::failed) throw;
       fail(e.kind(), e.details());
@@ -324,12 +309,11 @@ class clone_engine {
     any |= poll_statuses();
     if (phase_ == phase::complete) return any;
     any |= progress_metadata();
-    for (auto& in : inbound_) any |= progress_group(in);
-    any |= fwd_.poll(comm_);
+    any |= transfer_.progress();
     any |= mark_ready_layers();
     send_acks();
     if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }) &&
-        digests_.agree(checksum::fold_pieces(sums_), k_, failed_)) {
+        digests_.agree(checksum::fold_pieces(transfer_.sums()), k_, transfer_.failed())) {
       t_complete_ = clock::now();
       readiness_s_ = seconds_since(t_request_, t_complete_);
       phase_ = phase::complete;
@@ -429,9 +413,7 @@ class clone_engine {
     bool any = false;
     for (std::size_t l = 0; l < ready_at_.size(); ++l) {
       if (ready_at_[l]) continue;
-      const bool forwarded = post_forwards(l);
-      if (pending_[l] == 0 && forwarded &&
-          std::all_of(fwd_of_[l].begin(), fwd_of_[l].end(), [&](std::size_t r) { return fwd_.done(comm_, r); })) {
+      if (transfer_.layer_done(l)) {
         ready_at_[l] = seconds_since(t_request_);
         unacked_.push_back(static_cast<std::uint32_t>(l));
         any = true;
@@ -477,213 +459,22 @@ class clone_engine {
   }
   bool has_joined(std::uint64_t session) const { return std::find(joined_.begin(), joined_.end(), session) != joined_.end(); }
 
-  bool progress_group(inbound& in) {
-    if (in.verified) return false;
-    bool any = false;
-    if (!in.header_done)
-      if (auto n = test_or_garbage(in.header_req)) {
-        in.header.resize(*n == garbage ? 0 : *n);  // the seal covers exactly the bytes received
-        in.header_done = any = true;
-      }
-    if (in.header_done && !in.data_posted) post_refetch_data(in);
-    for (std::size_t i = 0; i < in.data.size(); ++i)
-      if (!in.done[i])
-        if (auto n = test_or_garbage(in.data[i])) {
-          auto& p = plan_.pieces()[plan_.groups()[in.group].pieces[i]];
-          if (*n != p.length) in.short_piece = true;  // caught even without a checksum policy
-          in.done[i] = true;
-          ++in.data_done;
-          any = true;
-        }
-    if (in.header_done && in.data_posted && in.data_done == in.data.size()) verify(in);
-    return any;
-  }
-
-  /// Checks a complete group against the plan and its header. A group that fails is asked
-  /// again from another source (every source holds every byte); only when no source can
-  /// deliver it intact does the clone fail.
-  void verify(inbound& in) {
-    auto& g = plan_.groups()[in.group];
-    const bool refetched = in.refetch_from != original;
-    std::string where = "layer " + std::to_string(g.layer) + " ('" + layout_.layers()[g.layer].name + "') from " + sender_name(in);
-    if (auto problem = check(in)) {
-      refetch(in, where + ": " + *problem, errc::corrupt_message);
-      return;
-    }
-    in.verified = true;
-    (g.exchange && !refetched ? from_clones_ : from_sources_) += g.bytes;
-    if (!g.exchange || refetched) any_source_delivered_ = true;
-    --pending_[g.layer];
-    for (auto f : plan_.unblocks(in.group)) --fwd_waits_[f];
-    // Forget the request objects now: nothing of this group is outstanding.
-    in.data.clear();
-    in.header.clear();
-  }
-
-  /// What is wrong with a complete group, if anything. Records the verified checksums,
-  /// and the checksums an intact header of the group's first sender announced: bytes served
-  /// again must equal what that sender held at iteration k.
-  std::optional<std::string> check(inbound& in) {
-    group_header h;
-    try {
-      h = group_header::decode(in.header);
-    } catch (const error& e) {
-      return e.details();
-    }
-    if (auto problem = check_header(in, h)) return problem;
-    if (in.expected.empty() && !plan_.groups()[in.group].exchange)
-      for (auto& c : h.pieces) in.expected.push_back(c.checksum);
-    if (in.short_piece) return "a data message was shorter than its piece (truncated)";
-    return check_pieces(in, h);
-  }
-  /// What is wrong with a group's header: a source's refusal, or another session,
-  /// iteration, layer, sender or piece list than the plan's.
-  std::optional<std::string> check_header(const inbound& in, const group_header& h) {
-    auto& g = plan_.groups()[in.group];
-    const bool refetched = in.refetch_from != original;
-    const std::uint32_t from = refetched ? in.refetch_from : g.from;
-    if (h.refused == refusal::changed && h.session == session_ && h.refused_tensor < layout_.tensor_count())
-      fail(errc::outside_hooks, "source " + std::to_string(from) + " (rank " + std::to_string(roles_.sources[from]) + ") could not " +
-                                    "serve tensor '" + tensor_name(h.refused_tensor) + "' again: it no longer holds what it held at "
-                                    "iteration " + std::to_string(k_) + ", so it was written outside its layer's update hooks (only "
-                                    "the code between a layer's before_update and after_update may write its tensors)");
-    if (refetched && h.refused == refusal::released)
-      return "source " + std::to_string(from) + " no longer holds iteration " + std::to_string(k_) + " of this layer";
-    if (h.session != session_ || h.iteration != k_ || h.layer != g.layer || h.from != from || h.pieces.size() != g.pieces.size())
-      return "header names session " + std::to_string(h.session) + ", iteration " + std::to_string(h.iteration) + ", layer " +
-             std::to_string(h.layer) + ", " + std::to_string(h.pieces.size()) + " pieces; expected session " +
-             std::to_string(session_) + ", iteration " + std::to_string(k_) + ", " + std::to_string(g.pieces.size()) + " pieces";
-    for (std::size_t i = 0; i < g.pieces.size(); ++i) {
-      auto& p = plan_.pieces()[g.pieces[i]];
-      if (h.pieces[i].tensor != p.tensor || h.pieces[i].offset != p.offset || h.pieces[i].length != p.length)
-        return "header describes a different piece than the plan's " + range_name(p);
-    }
-    return std::nullopt;
-  }
-  /// Checksums the received pieces against the header (and, refetched, against what the
-  /// first sender announced), recording the sums of the verified ones.
-  std::optional<std::string> check_pieces(const inbound& in, const group_header& h) {
-    auto& g = plan_.groups()[in.group];
-    const bool refetched = in.refetch_from != original;
-    const std::uint32_t from = refetched ? in.refetch_from : g.from;
-    for (std::size_t i = 0; i < g.pieces.size(); ++i) {
-      auto& p = plan_.pieces()[g.pieces[i]];
-      auto sum = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
-      if (sum != h.pieces[i].checksum) return range_name(p) + " failed its checksum at iteration " + std::to_string(k_);
-      if (refetched && !in.expected.empty() && sum != in.expected[i])
-        fail(errc::outside_hooks, range_name(p) + " served again by source " + std::to_string(from) + " differs from what source " +
-                                      std::to_string(g.from) + " sent for iteration " + std::to_string(k_) + ": the tensor was written "
-                                      "outside its layer's update hooks (only the code between a layer's before_update and "
-                                      "after_update may write its tensors; settings.check_writes on the sources finds the write), "
-                                      "or the sources' replicas differ");
-      sums_[g.pieces[i]] = sum;
-    }
-    return std::nullopt;
-  }
-  std::string tensor_name(std::size_t t) const { return layout_.layers()[layout_.layer_of(t)].name + "." + layout_.tensor(t).name; }
-  std::string range_name(const piece& p) const {
-    return "tensor '" + tensor_name(p.tensor) + "' bytes [" + std::to_string(p.offset) + ", " + std::to_string(p.offset + p.length) + ")";
-  }
-
-  std::string sender_name(const inbound& in) const {
-    auto& g = plan_.groups()[in.group];
-    if (in.refetch_from != original)
-      return "source " + std::to_string(in.refetch_from) + " (rank " + std::to_string(roles_.sources[in.refetch_from]) + ", refetch)";
-    return g.exchange ? "clone rank " + std::to_string(roles_.clones[g.from])
-                      : "source " + std::to_string(g.from) + " (rank " + std::to_string(roles_.sources[g.from]) + ")";
-  }
-
-  /// The source currently expected to deliver `in`, if a source.
-  std::optional<std::uint32_t> source_of(const inbound& in) const {
-    if (in.refetch_from != original) return in.refetch_from;
-    auto& g = plan_.groups()[in.group];
-    if (g.exchange) return std::nullopt;
-    return g.from;
-  }
-
-  /// Withdraws `in`'s receives and asks a source that has not failed for the group again:
-  /// the next one not yet asked, else (bytes lost on the wire) one asked once already. Fails
-  /// the clone with `code` and `why` when no source can deliver it.
-  void refetch(inbound& in, const std::string& why, errc code) {
-    auto& g = plan_.groups()[in.group];
-    if (auto s = source_of(in)) ++in.tried[*s];
-    withdraw(in);
-    const std::uint32_t n = roles_.source_count();
-    const std::uint32_t first = g.exchange ? index_ % n : (g.from + 1) % n;
-    std::optional<std::uint32_t> next;
-    for (char limit = 1; limit <= 2 && !next; ++limit)
-      for (std::uint32_t i = 0; i < n && !next; ++i) {
-        auto s = (first + i) % n;
-        if (in.tried[s] < limit && !failed_[s]) next = s;
-      }
-    if (!next) fail(code, why + "; no other source could deliver it (tried " + std::to_string(n) + ")");
-    refetch_msg m{session_, index_, in.group};
-    ctl_.send_owned(comm_, roles_.sources[*next], settings_.tag_base + tag_refetch, m.encode());
-    in.refetch_from = *next;
-    in.short_piece = false;
-    post_group_receives(in, roles_.sources[*next], false, true);
-    ++refetches_;
-  }
-
-  /// A refetch's data receives are posted once its header announced the group's pieces: a
-  /// source that refuses sends no data, and receives posted for it would take the data of
-  /// the next group that source serves.
-  void post_refetch_data(inbound& in) {
-    in.data_posted = true;
-    auto& g = plan_.groups()[in.group];
-    try {
-      auto h = group_header::decode(in.header);
-      if (h.session != session_ || h.refused != refusal::none || h.pieces.size() != g.pieces.size()) return;
-    } catch (const error&) {
-      return;  // verification names the problem
-    }
-    for (auto pi : g.pieces) {
-      auto& p = plan_.pieces()[pi];
-      in.data.push_back(comm_.irecv(roles_.sources[in.refetch_from], tags_.refetch_data(), state_.bytes(p.tensor).subspan(p.offset, p.length)));
-    }
-    in.done.assign(in.data.size(), false);
-  }
-
-  /// Cancels `in`'s outstanding receives (the bytes already written stay unverified).
-  void withdraw(inbound& in) noexcept {
-    if (!in.header_done) try { comm_.cancel(in.header_req); } catch (...) {}
-    for (std::size_t i = 0; i < in.data.size(); ++i)
-      if (!in.done[i]) try { comm_.cancel(in.data[i]); } catch (...) {}
-    in.header_done = true;
-    std::fill(in.done.begin(), in.done.end(), true);
-  }
-
-  /// A source reported it cannot deliver: its groups are asked from the others. When none
-  /// can, the clone fails with the source's own code where it names a broken rule (a
-  /// resized tensor, a write outside the hooks), else with `source_failed`.
-  void source_failed(std::uint32_t s, const std::string& why, errc code = errc::source_failed) {
-    if (failed_[s]) return;
-    failed_[s] = 1;
-    if (code != errc::layout_mismatch && code != errc::outside_hooks) code = errc::source_failed;
-    for (auto& in : inbound_)
-      if (!in.verified && source_of(in) == s)
-        refetch(in, "source " + std::to_string(s) + " (rank " + std::to_string(roles_.sources[s]) + ") failed: " + why, code);
-  }
-
   /// Nothing arrived for `settings.failover_after` while other sources did deliver: the
   /// silent senders are presumed failed (and told to stop), their groups asked elsewhere.
   void failover_stalled() {
-    if (!any_source_delivered_) return;  // all sources quiet: they may just not be at k yet
+    if (!transfer_.any_source_delivered()) return;  // all sources quiet: they may just not be at k yet
     // Only sources are presumed failed: a clone rank that does not forward fails the whole
     // clone by timeout (the clone group is one unit), since withdrawing its forward would
     // leave its send pending.
-    std::vector<char> silent(roles_.source_count(), 0);
-    for (auto& in : inbound_)
-      if (!in.verified)
-        if (auto s = source_of(in)) silent[*s] = 1;
+    auto silent = transfer_.awaited_sources();
     if (std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }))
       for (std::uint32_t s = 0; s < silent.size(); ++s)
-        if (digests_.awaited(s) && !failed_[s]) silent[s] = 1;  // delivered its share, but not its digest
+        if (digests_.awaited(s) && !transfer_.failed(s)) silent[s] = 1;  // delivered its share, but not its digest
     cancel_msg m{session_, index_, static_cast<std::uint32_t>(errc::source_failed)};  // "you are presumed failed"
     for (std::uint32_t s = 0; s < silent.size(); ++s)
       if (silent[s]) {
         ctl_.send_owned(comm_, roles_.sources[s], settings_.tag_base + tag_cancel, m.encode());
-        source_failed(s, "nothing arrived from it for " +
+        transfer_.source_failed(s, "nothing arrived from it for " +
                              std::to_string(std::chrono::duration<double>(settings_.failover_after).count()) + " s");
       }
   }
@@ -698,32 +489,8 @@ class clone_engine {
       }
       auto b = m.encode();
       for (std::uint32_t s = 0; s < roles_.source_count(); ++s)
-        if (!failed_[s]) ctl_.send_owned(comm_, roles_.sources[s], settings_.tag_base + tag_ack, b);
+        if (!transfer_.failed(s)) ctl_.send_owned(comm_, roles_.sources[s], settings_.tag_base + tag_ack, b);
     }
-  }
-
-  /// Posts this rank's forwards of layer `l` whose pieces are all verified here (the
-  /// reconstruction policy's topology, in plan.hpp). True once all of them are posted.
-  bool post_forwards(std::size_t l) {
-    bool all = true;
-    for (auto g : plan_.forwarded_by_clone(index_, l)) {
-      if (fwd_posted_[g]) continue;
-      if (fwd_waits_[g] != 0) {
-        all = false;
-        continue;
-      }
-      fwd_posted_[g] = true;
-      auto& grp = plan_.groups()[g];
-      int dest = roles_.clones[grp.to];
-      group_header h{.session = session_, .iteration = k_, .layer = static_cast<std::uint32_t>(l), .from = index_, .pieces = {}};
-      for (auto pi : grp.pieces) {
-        auto& p = plan_.pieces()[pi];
-        fwd_of_[l].push_back(fwd_.send(comm_, dest, tags_.layer(l, true, false), state_.bytes(p.tensor).subspan(p.offset, p.length)));
-        h.pieces.push_back({p.tensor, p.offset, p.length, sums_[pi]});
-      }
-      fwd_of_[l].push_back(fwd_.send_owned(comm_, dest, tags_.layer(l, true, true), h.encode()));
-    }
-    return all;
   }
 
   void begin(const decision_msg& d) {
@@ -746,7 +513,7 @@ class clone_engine {
     post_peer_receives();
     digests_.open(comm_, roles_.sources, settings_.tag_base, (d.flags & flag_verify_replicas) != 0);
     meta_header_.post(comm_, roles_.sources[0], tags_.meta_header(), control_bytes);
-    post_plan_receives();
+    transfer_.open({&plan_, &layout_, index_, session_, k_, tags_, posted_});
   }
 
   /// The session's transfer bookkeeping, empty.
@@ -754,18 +521,7 @@ class clone_engine {
     const std::size_t L = layout_.layer_count();
     ready_at_.assign(L, std::nullopt);
     told_.assign(L, 0);
-    pending_.assign(L, 0);
-    fwd_posted_.assign(plan_.groups().size(), false);
-    fwd_waits_.assign(plan_.groups().size(), 0);
-    for (std::size_t l = 0; l < L; ++l)
-      for (auto g : plan_.forwarded_by_clone(index_, l)) fwd_waits_[g] = plan_.awaits(g).size();
-    fwd_of_.assign(L, {});
-    sums_.assign(plan_.pieces().size(), 0);
-    from_sources_ = from_clones_ = 0;
-    failed_.assign(roles_.source_count(), 0);
     unacked_.clear();
-    refetches_ = 0;
-    any_source_delivered_ = false;
   }
 
   /// The receives of the figures peers send: every source's status, every other clone
@@ -780,40 +536,6 @@ class clone_engine {
     summary_slots_.resize(roles_.clone_count());
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
       if (j != index_) summary_slots_[j].post(comm_, roles_.clones[j], settings_.tag_base + tag_summary, control_bytes);
-  }
-
-  /// Every receive of the plan, posted up front straight into the clone's tensors.
-  void post_plan_receives() {
-    auto mine = plan_.received_by_clone(index_);
-    inbound_.clear();
-    inbound_.reserve(mine.size());
-    for (auto g : mine) {
-      auto& grp = plan_.groups()[g];
-      inbound& in = inbound_.emplace_back();
-      in.group = g;
-      in.tried.assign(roles_.source_count(), 0);
-      post_group_receives(in, grp.exchange ? roles_.clones[grp.from] : roles_.sources[grp.from], grp.exchange, false);
-      ++pending_[grp.layer];
-    }
-  }
-  /// Posts the receives of `in`'s header and pieces from rank `from`, on the tags of a
-  /// source's group or a forwarded one (`forwarded`). A refetch (`refetch`: `from` is a
-  /// source serving the group again) posts only the header: its data receives follow once
-  /// the header announced them (post_refetch_data).
-  void post_group_receives(inbound& in, int from, bool forwarded, bool refetch) {
-    auto& g = plan_.groups()[in.group];
-    in.header.assign(group_header::size_for(g.pieces.size()), std::byte{0});
-    in.header_done = false;
-    in.header_req = comm_.irecv(from, refetch ? tags_.refetch_header() : tags_.layer(g.layer, forwarded, true), in.header);
-    in.data.clear();
-    in.data_done = 0;
-    in.data_posted = !refetch;
-    if (!refetch)
-      for (auto pi : g.pieces) {
-        auto& p = plan_.pieces()[pi];
-        in.data.push_back(comm_.irecv(from, tags_.layer(g.layer, forwarded, false), posted_[p.tensor].subspan(p.offset, p.length)));
-      }
-    in.done.assign(in.data.size(), false);
   }
 
   /// A peer clone rank gave up: the whole group fails for its reason. After a peer's timeout
@@ -837,7 +559,7 @@ class clone_engine {
       if (s->code == 0 || phase_ == phase::complete) continue;
       if (static_cast<errc>(s->code) == errc::cancelled)  // the whole group fails for the peer's reason
         fail_with_peer(i, *s);
-      source_failed(i, s->reason, static_cast<errc>(s->code));
+      transfer_.source_failed(i, s->reason, static_cast<errc>(s->code));
     }
     any |= digests_.poll(comm_, session_, k_);
     for (std::uint32_t j = 0; j < summary_slots_.size(); ++j) {
@@ -885,7 +607,7 @@ class clone_engine {
   }
 
   summary_msg my_summary() const {
-    return {session_, index_, from_sources_, from_clones_, readiness_s_, standby_s_,
+    return {session_, index_, transfer_.bytes_from_sources(), transfer_.bytes_from_clones(), readiness_s_, standby_s_,
             ready_at_.empty() || !ready_at_[0] ? readiness_s_ : *ready_at_[0]};
   }
 
@@ -893,19 +615,10 @@ class clone_engine {
     if (phase_ == phase::requested) return "the fork decision from source rank " + std::to_string(roles_.sources[0]);
     if (phase_ == phase::refused)
       return "the sources' layout from source rank " + std::to_string(roles_.sources[0]) + " (the request was refused)";
-    std::string out;
-    int shown = 0;
-    for (auto& in : inbound_) {
-      if (in.verified) continue;
-      auto& g = plan_.groups()[in.group];
-      if (shown++ < 4)
-        out += (out.empty() ? "" : ", ") + std::string("layer ") + std::to_string(g.layer) + " from " +
-               (g.exchange ? "clone rank " + std::to_string(roles_.clones[g.from]) : "source rank " + std::to_string(roles_.sources[g.from]));
-    }
-    if (shown > 4) out += " and " + std::to_string(shown - 4) + " more groups";
+    std::string out = transfer_.missing_groups();
     if (!meta_done_) out += std::string(out.empty() ? "" : ", ") + "the metadata";
     for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
-      if (digests_.awaited(i) && !failed_[i])
+      if (digests_.awaited(i) && !transfer_.failed(i))
         out += std::string(out.empty() ? "" : ", ") + "the replica digest of source rank " + std::to_string(roles_.sources[i]);
     if (out.empty()) out = "forwards to other clone ranks / source statuses";
     return out;
@@ -934,8 +647,7 @@ class clone_engine {
   /// Withdraws every receive and send of the session: after it, no byte of a clone tensor
   /// is written by deepclone.
   void abandon() noexcept {
-    for (auto& in : inbound_) withdraw(in);
-    inbound_.clear();
+    transfer_.abandon();
     if (meta_posted_ && !meta_done_) try { comm_.cancel(meta_req_); } catch (...) {}
     meta_posted_ = meta_done_ = false;
     meta_expect_.reset();
@@ -945,7 +657,6 @@ class clone_engine {
     for (auto& s : status_slots_) s.cancel(comm_);
     for (auto& s : summary_slots_) s.cancel(comm_);
     digests_.cancel(comm_);
-    fwd_.clear(comm_);
     // Control messages (requests, cancels, summaries) are small; give them a moment.
     ctl_.wait_all(comm_, std::chrono::milliseconds(100));
     ctl_.clear(comm_);
@@ -973,9 +684,8 @@ class clone_engine {
   clock::time_point t_request_{}, t_complete_{};
   bool summary_sent_ = false;
   double agreement_s_ = 0, readiness_s_ = 0, standby_s_ = 0;
-  std::uint64_t from_sources_ = 0, from_clones_ = 0;
 
-  outbox<Comm> ctl_, fwd_;
+  outbox<Comm> ctl_;
   inbox_slot<Comm> decision_, source_layout_, meta_header_;
   std::optional<decision_msg> refusal_;
   std::vector<std::byte> meta_;
@@ -986,20 +696,12 @@ class clone_engine {
   std::vector<std::optional<status_msg>> statuses_;
   std::vector<std::optional<summary_msg>> summaries_;
   replica_digests<Comm> digests_;        // verify_replicas
-  std::vector<inbound> inbound_;
-  std::vector<std::uint64_t> sums_;
-  std::vector<char> failed_;             // sources that reported or were presumed failed
   std::vector<std::uint32_t> unacked_;   // ready layers not yet acknowledged to the sources
-  std::uint32_t refetches_ = 0;
-  bool any_source_delivered_ = false;
   std::vector<std::optional<double>> ready_at_;
   std::function<void(const deepclone::progress&)> on_progress_;
   std::vector<char> told_;               // layers handed to on_progress_ this session
   deepclone::progress told_progress_;    // ... and the totals of what it was told
-  std::vector<std::size_t> pending_;
-  std::vector<std::size_t> fwd_waits_;  ///< per forward group of this rank: unverified groups it awaits
-  std::vector<bool> fwd_posted_;        ///< per group: this rank posted it (forward groups only)
-  std::vector<std::vector<std::size_t>> fwd_of_;
+  clone_transfer<Comm, Checksum> transfer_{comm_, roles_, ctl_, settings_.tag_base};  // the session's groups
 };
 
 }  // namespace deepclone::detail
