@@ -139,6 +139,35 @@ class plan {
 };
 
 namespace detail {
+/// The policies' pieces, sorted by (tensor, offset), cover every byte of every tensor
+/// exactly once, each filed under its tensor's layer, sent by a source below N to a clone
+/// rank below M: the engines index their per-layer, per-source and per-clone bookkeeping
+/// with these fields, and a piece under another layer would be summed and sent in the
+/// wrong layer's hooks.
+inline void check_pieces(const std::vector<piece>& pieces, const layout& lay, std::uint32_t sources, std::uint32_t clones,
+                         const std::string& policies) {
+  auto refuse = [&](const std::string& why) { throw error(errc::invalid_argument, "policies " + policies + " produced " + why); };
+  std::size_t i = 0;
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+    std::uint64_t at = 0;
+    const auto layer = static_cast<std::uint32_t>(lay.layer_of(t));
+    for (; i < pieces.size() && pieces[i].tensor == t; ++i) {
+      auto& q = pieces[i];
+      if (q.offset != at || q.length == 0 || (q.owner != piece::all_clones && q.owner >= clones))
+        refuse("a gap, overlap or bad owner in tensor '" + lay.tensor(t).name + "' at byte " + std::to_string(at));
+      if (q.layer != layer)
+        refuse("a piece of tensor '" + lay.tensor(t).name + "' filed under layer " + std::to_string(q.layer) +
+               "; the tensor belongs to layer " + std::to_string(layer));
+      if (q.source >= sources) refuse("a piece of tensor '" + lay.tensor(t).name + "' sent by source " + std::to_string(q.source) + " of " + std::to_string(sources));
+      at += q.length;
+    }
+    if (at != lay.tensor(t).bytes)
+      refuse("pieces covering " + std::to_string(at) + " of " + std::to_string(lay.tensor(t).bytes) + " bytes of tensor '" + lay.tensor(t).name + "'");
+  }
+  if (i < pieces.size())
+    refuse("a piece of tensor " + std::to_string(pieces[i].tensor) + ", but the layout has " + std::to_string(lay.tensor_count()) + " tensors");
+}
+
 /// Every clone rank receives every piece exactly once, from a source or forwarded by a
 /// peer: covering each tensor once is not enough, since a reconstruction policy that
 /// sends a piece to one clone rank and forwards it to none leaves the others stale.
@@ -250,23 +279,7 @@ plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, c
   std::sort(p.pieces_.begin(), p.pieces_.end(),
             [](const piece& a, const piece& b) { return std::tie(a.tensor, a.offset) < std::tie(b.tensor, b.offset); });
 
-  // Every byte of every tensor exactly once.
-  std::size_t i = 0;
-  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
-    std::uint64_t at = 0;
-    for (; i < p.pieces_.size() && p.pieces_[i].tensor == t; ++i) {
-      auto& q = p.pieces_[i];
-      if (q.offset != at || q.length == 0 || (q.owner != piece::all_clones && q.owner >= clones))
-        throw error(errc::invalid_argument, std::string("policies ") + Shard::name + "/" + Reconstruct::name +
-                                                " produced a gap, overlap or bad owner in tensor '" + lay.tensor(t).name +
-                                                "' at byte " + std::to_string(at));
-      at += q.length;
-    }
-    if (at != lay.tensor(t).bytes)
-      throw error(errc::invalid_argument, std::string("policies ") + Shard::name + "/" + Reconstruct::name +
-                                              " cover " + std::to_string(at) + " of " + std::to_string(lay.tensor(t).bytes) +
-                                              " bytes of tensor '" + lay.tensor(t).name + "'");
-  }
+  detail::check_pieces(p.pieces_, lay, sources, clones, std::string(Shard::name) + "/" + Reconstruct::name);
 
   // 4. Group pieces into messages: per layer, per (sender, receiver). A forward group
   //    awaits the groups that brought its pieces to its sender.

@@ -541,6 +541,64 @@ TEST_CASE("plan: a reconstruction that leaves a clone rank without some bytes is
   }
 }
 
+// User policies that break a piece's rules: the plan refuses them, naming the policy and
+// the rule, instead of an engine indexing past its arrays or summing a layer in the wrong hook.
+struct shard_layer_zero : dc::shard::split_even {  // every piece filed under layer 0
+  static constexpr std::uint32_t id = 201;
+  static constexpr const char* name = "shard_layer_zero";
+  std::vector<dc::piece> assign(const dc::layout& l, std::uint32_t n, std::uint64_t a) const {
+    auto out = split_even::assign(l, n, a);
+    for (auto& q : out) q.layer = 0;
+    return out;
+  }
+};
+struct shard_extra_tensor : dc::shard::split_even {  // one more piece, of a tensor the layout lacks
+  static constexpr std::uint32_t id = 202;
+  static constexpr const char* name = "shard_extra_tensor";
+  std::vector<dc::piece> assign(const dc::layout& l, std::uint32_t n, std::uint64_t a) const {
+    auto out = split_even::assign(l, n, a);
+    out.push_back({static_cast<std::uint32_t>(l.tensor_count()), 0, 0, 256, 0, dc::piece::all_clones});
+    return out;
+  }
+};
+struct owners_bad_source : dc::reconstruct::scatter_exchange {  // moves a piece to source N
+  static constexpr std::uint32_t id = 203;
+  static constexpr const char* name = "owners_bad_source";
+  std::uint32_t sources = 0;
+  std::vector<dc::piece> assign_owners(std::vector<dc::piece> p, const dc::layout& l, std::uint32_t m, std::uint64_t a) const {
+    auto out = scatter_exchange::assign_owners(std::move(p), l, m, a);
+    if (!out.empty()) out.back().source = sources;
+    return out;
+  }
+};
+
+template <class S, class R>
+std::string plan_refusal(const dc::layout& lay, std::uint32_t n, std::uint32_t m, S s, R r) {
+  try {
+    dc::make_plan(lay, n, m, s, r);
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::invalid_argument);
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST_CASE("plan: a piece filed under another layer, of a tensor beyond the layout or from a source beyond N is refused") {
+  const auto lay = dc::testing::load_model(DEEPCLONE_MODELS_DIR, "resnet50");
+  auto w = plan_refusal(lay, 2, 2, shard_layer_zero{}, dc::reconstruct::scatter_exchange{});
+  CHECK_MESSAGE(w.find("shard_layer_zero") != std::string::npos, w);
+  CHECK_MESSAGE(w.find("layer 0") != std::string::npos, w);
+  CHECK_MESSAGE(w.find("belongs to layer") != std::string::npos, w);
+  w = plan_refusal(lay, 2, 2, shard_extra_tensor{}, dc::reconstruct::scatter_exchange{});
+  CHECK_MESSAGE(w.find("shard_extra_tensor") != std::string::npos, w);
+  CHECK_MESSAGE(w.find("tensor " + std::to_string(lay.tensor_count())) != std::string::npos, w);
+  owners_bad_source r;
+  r.sources = 2;
+  w = plan_refusal(lay, 2, 2, dc::shard::split_even{}, r);
+  CHECK_MESSAGE(w.find("owners_bad_source") != std::string::npos, w);
+  CHECK_MESSAGE(w.find("source 2 of 2") != std::string::npos, w);
+}
+
 TEST_CASE("plan: a user-written relay chain reaches every clone rank once, each forward awaiting what brought its pieces") {
   const auto lay = dc::testing::load_model(DEEPCLONE_MODELS_DIR, "resnet50");
   for (std::uint32_t m = 1; m <= 5; ++m) {
