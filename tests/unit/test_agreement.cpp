@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../support/replica.hpp"  // replica, small_settings
@@ -34,6 +35,7 @@ struct outcome {
   std::vector<dc::metadata> meta;
   std::optional<std::uint64_t> forked_in;       // source 0: the iteration whose collective started the session
   std::uint64_t sessions_completed = 0;
+  std::uint64_t spilled = 0, share = 0;         // source 0: bytes_spilled() and its share of the state
   std::string policies;
 };
 
@@ -86,7 +88,7 @@ outcome fork_with_collective(int n, int m, bool norm_in_forward) {
         if (c.rank() == 0 && forked_in) o.forked_in = forked_in;
       }
       src.finish();
-      if (c.rank() == 0) o.sessions_completed = src.sessions_completed();
+      if (c.rank() == 0) o.sessions_completed = src.sessions_completed(), o.spilled = src.bytes_spilled(), o.share = src.plan().bytes_of_source(0);
       CHECK_MESSAGE(src.sessions_completed() == 1, "source " << c.rank() << ": " << (src.last_error() ? src.last_error()->what : "no session"));
     } else {
       typename Engine::template clone<dc::raw_view<std::uint8_t>> dst(c, roles, r.state, small_settings::make<typename Engine::settings>());
@@ -117,6 +119,10 @@ void check_collective_fork(bool norm_in_forward) {
     // the one that had just ended, or (a layer already written in the forward pass) this one.
     const std::uint64_t k = norm_in_forward ? *o.forked_in : *o.forked_in - 1;
     CHECK(o.policies.find("/collective") != std::string::npos);
+    // spill at a fork of an ended k: nothing has left yet and the next hooks overwrite the
+    // layers, so the whole share is copied at the fork (design.md, spill).
+    if constexpr (std::is_same_v<typename Engine::pipeline_type, dc::pipeline::spill>)
+      if (!norm_in_forward) CHECK(o.spilled == o.share);
     for (std::size_t j = 0; j < o.k.size(); ++j) {
       CAPTURE(j);
       CHECK(o.k[j] == k);
@@ -134,7 +140,8 @@ void check_collective_fork(bool norm_in_forward) {
 TEST_CASE_TEMPLATE("agreement::collective: every clone rank holds iteration k bit for bit, k the newest untouched iteration", E,
                    collective_engine<dc::pipeline::window, dc::reconstruct::scatter_exchange>,
                    collective_engine<dc::pipeline::staged, dc::reconstruct::direct>,
-                   collective_engine<dc::pipeline::blocking, dc::reconstruct::scatter_exchange>) {
+                   collective_engine<dc::pipeline::blocking, dc::reconstruct::scatter_exchange>,
+                   collective_engine<dc::pipeline::spill, dc::reconstruct::scatter_exchange>) {
   SUBCASE("collective before the updates, nothing written yet: k is the iteration that ended") { check_collective_fork<E>(false); }
   SUBCASE("a layer written in the forward pass: k is the iteration in progress") { check_collective_fork<E>(true); }
 }
