@@ -633,21 +633,11 @@ class source_engine {
     }
     return out;
   }
-  /// verify_replicas: checksums the pieces of layer `l` (final for iteration k) that this
-  /// source did not just send and sum, and once every layer is done sends the folded
-  /// digest of its whole replica to every clone rank.
+  /// verify_replicas: the session digests layer `l` (final for iteration k) unless a
+  /// tensor of it was resized (which ends the session).
   void digest_layer(std::size_t l) {
-    auto& s = *session_;
-    if (!s.digest || (s.layer_pieces[l].size() && resized(l))) return;
-    for (auto pi : s.layer_pieces[l]) {
-      if (s.summed[pi]) continue;
-      auto& p = plan_.pieces()[pi];
-      s.piece_sums[pi] = Checksum::compute(state_.bytes(p.tensor).subspan(p.offset, p.length));
-      s.summed[pi] = 1;
-    }
-    if (++s.layers_digested < layout_.layer_count()) return;
-    digest_msg m{s.id, s.k, index_, checksum::fold_pieces(s.piece_sums)};
-    for (int c : roles_.clones) s.out.send_owned(comm_, c, base() + tag_digest, m.encode());
+    if (!session_->digest || (session_->layer_pieces[l].size() && resized(l))) return;
+    session_->template digest_layer<Checksum>(comm_, l, bytes_of_k_);
   }
 
   /// Sends `m`, the metadata of iteration k, to every clone rank.
@@ -718,41 +708,16 @@ class source_engine {
                    m.code ? m.code : static_cast<std::uint32_t>(errc::cancelled));
   }
 
-  /// Sends queued refetched groups to clone index `j`, oldest first (the clone posted its
-  /// receives in that order). A group of a layer this source has not yet updated in
-  /// iteration k waits. A group is refused (a header without pieces) when its layer is
-  /// already being overwritten, or when a piece this source summed at iteration k no
-  /// longer matches that sum: the tensor was written outside its hooks, and serving it
-  /// would ship iteration k + 1 as k.
+  /// Serves the refetches clone index `j` asked for whose layer is final in k (the session
+  /// sends them: source_session::serve_refetches); first, a tensor of such a layer that was
+  /// resized ends the session (true) before any byte is read.
   bool serve_refetches(std::uint32_t j) {
-    auto& s = *session_;
-    bool any = false;
-    auto& q = s.refetch_queue[j];
-    while (!q.empty()) {
-      auto& g = plan_.groups()[q.front()];
-      if (!s.final[g.layer]) break;  // not yet at iteration k for this layer
-      if (resized(g.layer)) return true;
-      group_header h{.session = s.id, .iteration = s.k, .layer = g.layer, .from = index_, .pieces = {}};
-      std::vector<std::span<const std::byte>> from;
-      for (auto pi : g.pieces)
-        if (auto b = bytes_of_k(pi)) from.push_back(*b);
-      if (from.size() < g.pieces.size()) h.refused = refusal::released;
-      for (std::size_t i = 0; i < g.pieces.size() && h.refused == refusal::none; ++i) {
-        auto& p = plan_.pieces()[g.pieces[i]];
-        const auto sum = Checksum::compute(from[i]);
-        if (s.summed[g.pieces[i]] && sum != s.piece_sums[g.pieces[i]]) h.refused = refusal::changed, h.refused_tensor = p.tensor;
-        h.pieces.push_back({p.tensor, p.offset, p.length, sum});
-      }
-      if (h.refused != refusal::none) h.pieces.clear();
-      for (std::size_t i = 0; i < h.pieces.size(); ++i) {
-        s.refetch_reqs[g.layer].push_back(s.out.send(comm_, roles_.clones[j], s.tags.refetch_data(), from[i]));
-        s.bytes_sent += h.pieces[i].length;
-      }
-      s.out.send_owned(comm_, roles_.clones[j], s.tags.refetch_header(), h.encode());
-      q.pop_front();
-      any = true;
+    for (auto g : session_->refetch_queue[j]) {
+      const auto l = plan_.groups()[g].layer;
+      if (!session_->final[l]) break;
+      if (resized(l)) return true;
     }
-    return any;
+    return session_->template serve_refetches<Checksum>(comm_, j, bytes_of_k_);
   }
 
   /// Where piece `pi`'s bytes of iteration k are: a copy the pipeline holds (spill), else
@@ -864,6 +829,7 @@ class source_engine {
   /// (`retained_buffers`).
   std::vector<std::byte> pipeline_mem_;
   pipeline_context pipe_ctx_{*this};
+  typename session::bytes_of_k_fn bytes_of_k_ = [this](std::uint32_t pi) { return bytes_of_k(pi); };
   bool unwithdrawn_sends_ = false;
   std::vector<std::uint32_t> acks_needed_;  // clone ranks that receive something of each layer
   std::uint64_t generation_ = 1;

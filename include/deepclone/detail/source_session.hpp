@@ -12,10 +12,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <vector>
 
+#include "../checksum.hpp"
 #include "../plan.hpp"
 #include "../roles.hpp"
 #include "outbox.hpp"
@@ -34,6 +37,11 @@ inline std::map<std::uint32_t, std::vector<std::uint32_t>> pieces_sent_by(const 
 
 template <class Comm>
 struct source_session {
+  /// Where piece `pi`'s bytes of iteration k are now (the engine knows: a copy the pipeline
+  /// holds, the live tensor until its layer is released), or nullopt when nowhere. A type
+  /// erased function, so that what uses it compiles once per transport and checksum.
+  using bytes_of_k_fn = std::function<std::optional<std::span<const std::byte>>(std::uint32_t pi)>;
+
   /// Session `id` at iteration `k` of source `source`, in tag block `tags`; `acks_needed`
   /// (per layer, the clone ranks that receive part of it; its size is the layer count) must
   /// outlive the session.
@@ -72,6 +80,35 @@ struct source_session {
     }
     for (auto& [g, h] : headers) out.send_owned(c, roles_.clones[plan_.groups()[g].to], tags.layer(l, false, true), h.encode());
   }
+  /// Sends the queued refetched groups of clone index `j` whose layer is final in k, oldest
+  /// first (the clone posted its receives in that order); a group of a layer not yet final
+  /// waits. The engine checks beforehand that no tensor of those layers was resized.
+  template <class Checksum>
+  bool serve_refetches(Comm& c, std::uint32_t j, const bytes_of_k_fn& bytes_of_k) {
+    bool any = false;
+    auto& q = refetch_queue[j];
+    while (!q.empty() && final[plan_.groups()[q.front()].layer]) {
+      serve_group<Checksum>(c, j, plan_.groups()[q.front()], bytes_of_k);
+      q.pop_front();
+      any = true;
+    }
+    return any;
+  }
+  /// verify_replicas: checksums the pieces of layer `l` (final for iteration k, bytes from
+  /// `bytes_of_k`) that this source did not already sum, and once every layer is done sends
+  /// the folded digest of its whole replica to every clone rank.
+  template <class Checksum>
+  void digest_layer(Comm& c, std::size_t l, const bytes_of_k_fn& bytes_of_k) {
+    for (auto pi : layer_pieces[l]) {
+      if (summed[pi]) continue;
+      piece_sums[pi] = Checksum::compute(*bytes_of_k(pi));
+      summed[pi] = 1;
+    }
+    if (++layers_digested < acks.size()) return;
+    digest_msg m{id, k, source_, checksum::fold_pieces(piece_sums)};
+    for (int clone : roles_.clones) out.send_owned(c, clone, tags.base + tag_digest, m.encode());
+  }
+
   /// Every request in `reqs` (indices into `out`) completed.
   bool sends_done(Comm& c, const std::vector<std::size_t>& reqs) {
     return std::all_of(reqs.begin(), reqs.end(), [&](std::size_t r) { return out.done(c, r); });
@@ -138,6 +175,31 @@ struct source_session {
   std::uint64_t bytes_sent = 0;
 
  private:
+  /// Serves group `g` again to clone index `j`: its header, then its pieces. It is refused
+  /// (a header without pieces) when some piece's bytes of k are gone (`released`), or when
+  /// a piece this source summed at k no longer matches that sum (`changed`): the tensor was
+  /// written outside its hooks, and serving it would ship iteration k + 1 as k.
+  template <class Checksum>
+  void serve_group(Comm& c, std::uint32_t j, const transfer_group& g, const bytes_of_k_fn& bytes_of_k) {
+    group_header h{.session = id, .iteration = k, .layer = g.layer, .from = source_, .pieces = {}};
+    std::vector<std::span<const std::byte>> from;
+    for (auto pi : g.pieces)
+      if (auto b = bytes_of_k(pi)) from.push_back(*b);
+    if (from.size() < g.pieces.size()) h.refused = refusal::released;
+    for (std::size_t i = 0; i < g.pieces.size() && h.refused == refusal::none; ++i) {
+      auto& p = plan_.pieces()[g.pieces[i]];
+      const auto sum = Checksum::compute(from[i]);
+      if (summed[g.pieces[i]] && sum != piece_sums[g.pieces[i]]) h.refused = refusal::changed, h.refused_tensor = p.tensor;
+      h.pieces.push_back({p.tensor, p.offset, p.length, sum});
+    }
+    if (h.refused != refusal::none) h.pieces.clear();
+    for (std::size_t i = 0; i < h.pieces.size(); ++i) {
+      refetch_reqs[g.layer].push_back(out.send(c, roles_.clones[j], tags.refetch_data(), from[i]));
+      bytes_sent += h.pieces[i].length;
+    }
+    out.send_owned(c, roles_.clones[j], tags.refetch_header(), h.encode());
+  }
+
   const plan& plan_;
   const roles& roles_;
   std::uint32_t source_;
