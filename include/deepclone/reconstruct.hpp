@@ -43,7 +43,8 @@ struct direct {
     for (auto& p : pieces) p.owner = piece::all_clones;
     return pieces;
   }
-  /// Never called: no piece has a single owner.
+  /// No hops: every piece reaches every clone rank from its source (make_plan still asks,
+  /// once per owner, like any policy).
   std::vector<hop> forwards(std::uint32_t, std::uint32_t) const { return {}; }
 };
 

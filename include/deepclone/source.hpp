@@ -71,7 +71,7 @@ class source_engine {
                                            "' lives in device memory: the core engine sends host memory; use a device pipeline");
     updated_.assign(layout_.layer_count(), 0);
     // Allocated and touched here, before training: fresh memory's first touch is slow.
-    if constexpr (requires(const Pipeline& p) { { p.reserve(std::uint64_t{}) } -> std::convertible_to<std::uint64_t>; })
+    if constexpr (requires(Pipeline& p) { { p.reserve(std::uint64_t{}) } -> std::convertible_to<std::uint64_t>; })  // const or not
       pipeline_mem_.assign(static_cast<std::size_t>(settings_.pipeline.reserve(plan_.bytes_of_source(index_))), std::byte{0});
     if (settings_.check_writes) written_sums_.assign(layout_.tensor_count(), std::nullopt);
     acks_needed_.assign(layout_.layer_count(), 0);

@@ -84,6 +84,7 @@ struct batching {
 
   void begin(dc::pipeline::context& c) {
     ++counted.sessions;
+    if (c.memory().size() != reserved) ++counted.violations;  // reserve() below was honoured
     held.clear();
     final_seen.assign(c.layers(), 0);
   }
@@ -104,6 +105,10 @@ struct batching {
     return c.refetches_done(l) && c.sends_done(l) && c.verified(l);
   }
   bool pending(dc::pipeline::context&) const { return !held.empty(); }
+  /// Non-const, as pipeline.hpp allows: the engine must still allocate it (it used to look
+  /// for a const member only and silently gave such a pipeline no memory).
+  static constexpr std::uint64_t reserved = 4096;
+  std::uint64_t reserve(std::uint64_t) { return reserved; }
 
  private:
   void flush(dc::pipeline::context& c) {
