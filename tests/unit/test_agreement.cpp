@@ -149,8 +149,8 @@ void check_collective_fork(bool norm_in_forward) {
 // raw communicator, so faults hit deepclone's messages only.
 
 using fcomm = dc::faulty<comm>;
-template <class Agreement>
-using faulty_engine = dc::engine<fcomm, dc::shard::split_even, dc::pipeline::window, dc::reconstruct::scatter_exchange,
+template <class Agreement, class Pipeline = dc::pipeline::window>
+using faulty_engine = dc::engine<fcomm, dc::shard::split_even, Pipeline, dc::reconstruct::scatter_exchange,
                                  dc::checksum::mix64, Agreement>;
 constexpr int tb = 1000;  // settings.tag_base
 
@@ -347,4 +347,85 @@ TEST_CASE("agreement::coordinator: a source that learns the decision too late re
   CHECK(served.clones[0] == "");
   CHECK(served.completed == std::vector<std::uint64_t>{1, 1});
   CHECK(served.failed == std::vector<std::uint64_t>{0, 0});
+}
+
+// design.md, agreement::collective: "every source adds 2 while it still serves an earlier
+// clone, so the sources fork exactly when the sum is 1 - all of them in the same
+// iteration". Every acknowledgement of the first session to source 1 is lost, so source 1
+// serves it until settings.timeout (3 s) while the clone, complete, asks again at once:
+// the coordinator is ready (1) while source 1 is busy (2). spill, so that the lost
+// acknowledgements do not hold source 1 in before_update: it trains on, busy.
+TEST_CASE("agreement::collective: a source still serving a clone adds 2; the next session starts only at a sum of 1") {
+  using E = faulty_engine<dc::agreement::collective, dc::pipeline::spill>;
+  world_options<E> o;
+  o.settings.timeout = 3s;
+  o.faults->add({.action = dc::fault::kind::drop, .from = 2, .to = 1, .tag_lo = tb + 8, .times = 0});  // acks to source 1
+  o.clone_body = [faults = o.faults](auto& dst, replica& r) {
+    auto bad = clone_once(dst, r);
+    faults->clear();  // the second session runs without faults
+    return bad.empty() ? clone_once(dst, r) : "first clone: " + bad;
+  };
+  auto w = run_world(o);
+  CHECK_FALSE(w.deadline_hit);
+  CHECK(w.clones[0] == "");  // both clones bit for bit
+  CHECK(w.completed == std::vector<std::uint64_t>{2, 1});
+  CHECK(w.failed == std::vector<std::uint64_t>{0, 1});  // source 1's first session, by its timeout
+  int coordinator_ready_while_source1_busy = 0, started = 0;
+  for (std::size_t j = 0; j < std::min(w.steps[0].size(), w.steps[1].size()); ++j) {
+    CAPTURE(j);
+    const auto &a = w.steps[0][j], &b = w.steps[1][j];
+    CHECK(a.sum == a.word + b.word);
+    CHECK((a.word >= 2) == a.busy_before);  // +2 exactly while serving
+    CHECK(b.word == (b.busy_before ? 2u : 0u));
+    CHECK(a.started == b.started);     // both sources fork in the same iteration...
+    if (a.started) CHECK(a.sum == 1);  // ...and only when the sum is 1
+    started += a.started;
+    if (a.word == 1 && b.word == 2) ++coordinator_ready_while_source1_busy;
+  }
+  CHECK(started == 2);
+  CHECK(coordinator_ready_while_source1_busy > 0);  // the case under test happened
+}
+
+// design.md, agreement::collective: the other sources wait for the coordinator's decision
+// "in fork_agreed (at most failover_after ...)". The decision to source 1 is dropped: it
+// gives up after failover_after, says so in last_error (errc::timeout) and trains on; the
+// clone presumes it failed (nothing arrives from it) and gets its groups from source 0.
+TEST_CASE("agreement::collective: a source whose decision never comes waits at most failover_after; the clone fails over") {
+  using E = faulty_engine<dc::agreement::collective>;
+  world_options<E> o;
+  o.settings.failover_after = 1s;  // settings.timeout stays 30 s
+  o.faults->add({.action = dc::fault::kind::drop, .from = 0, .to = 1, .tag_lo = tb + 1, .times = 0});
+  o.clone_body = [](auto& dst, replica& r) { return clone_once(dst, r); };
+  auto w = run_world(o);
+  CHECK_FALSE(w.deadline_hit);
+  CHECK(w.clones[0] == "");
+  CHECK(w.completed == std::vector<std::uint64_t>{1, 0});
+  CHECK(w.failed == std::vector<std::uint64_t>{0, 1});
+  REQUIRE(w.last_error[1]);
+  CHECK(w.last_error[1]->code == dc::errc::timeout);
+  CHECK(contains(w.last_error[1]->what, "the coordinator's decision did not arrive within settings.failover_after"));
+  double waited = 0;
+  for (auto& s : w.steps[1]) waited = std::max(waited, s.agreed_s);
+  CHECK(waited >= 0.9);  // it did wait for the decision...
+  CHECK(waited < 10);    // ...for failover_after (1 s), far from settings.timeout (30 s)
+}
+
+// design.md, agreement::collective: "The metadata of an ended k is the copy the
+// coordinator takes at every end_iteration ... since the trainer may change it before the
+// collective." Here the trainer moves its data cursor and learning rate after every
+// end_iteration(j), before the collective; k is the iteration that ended (nothing is
+// written before the collective), and the clone must get k's metadata as it was at
+// end_iteration(k) (holds_fork_state compares it with replica::iterate_metadata(k)).
+TEST_CASE("agreement::collective: the metadata of an ended k is the copy of end_iteration(k), not the trainer's later changes") {
+  using E = faulty_engine<dc::agreement::collective>;
+  world_options<E> o;
+  o.before_collective = [](int, std::uint64_t, replica& r) {
+    r.state.metadata().data_cursor += 1000000;
+    r.state.metadata().hyper["lr"] = -1.0;
+  };
+  o.clone_body = [](auto& dst, replica& r) { return clone_once(dst, r); };
+  auto w = run_world(o);
+  CHECK_FALSE(w.deadline_hit);
+  CHECK(w.clones[0] == "");
+  CHECK(w.completed == std::vector<std::uint64_t>{1, 1});
 }
