@@ -7,17 +7,23 @@
 #include <doctest/doctest.h>
 
 #include <deepclone/deepclone.hpp>
+#include <deepclone/fault_injection.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "../support/replica.hpp"  // replica, small_settings
 
 namespace dc = deepclone;
+using namespace std::chrono_literals;
 using dc::testing::replica;
 using dc::testing::small_settings;
 
@@ -135,6 +141,132 @@ void check_collective_fork(bool norm_in_forward) {
   }
 }
 
+
+// ---------------------------------------------------------------------------------------
+// A fork through deepclone::faulty<>, for the agreement's failure cases: N sources train
+// `replica` (the updates of clone_run.hpp), coupled by an allreduce over the sources that
+// carries the fork word under agreement::collective; M clone bodies. The allreduce uses the
+// raw communicator, so faults hit deepclone's messages only.
+
+using fcomm = dc::faulty<comm>;
+template <class Agreement, class Pipeline = dc::pipeline::window>
+using faulty_engine = dc::engine<fcomm, dc::shard::split_even, Pipeline, dc::reconstruct::scatter_exchange,
+                                 dc::checksum::mix64, Agreement>;
+constexpr int tb = 1000;  // settings.tag_base
+
+/// One iteration of one source, as the world saw it (agreement::collective only).
+struct step_log {
+  std::uint64_t word = 0, sum = 0;
+  bool busy_before = false;  // cloning() when the collective ran
+  bool started = false;      // fork_agreed() started a session
+  double agreed_s = 0;       // time spent in fork_agreed()
+};
+
+struct world_result {
+  std::vector<std::vector<step_log>> steps;  // per source, per iteration
+  std::vector<std::uint64_t> completed, failed;
+  std::vector<std::optional<dc::failure>> last_error;
+  std::vector<std::string> clones;  // per clone rank: "" when it saw what it should
+  bool deadline_hit = false;
+};
+
+template <class Engine>
+struct world_options {
+  using settings_t = typename Engine::settings;
+  int n = 2, m = 1;
+  settings_t settings = small_settings::make<settings_t>();
+  std::shared_ptr<dc::fault::plan> faults = std::make_shared<dc::fault::plan>();
+  bool source1_ahead = false;  // source 1 ends every iteration before source 0 does
+  std::function<void(int i, std::uint64_t step, replica&)> before_collective;  // the trainer's code after end_iteration(step - 1)
+  using clone_t = typename Engine::template clone<dc::raw_view<std::uint8_t>>;
+  std::function<std::string(clone_t&, replica&)> clone_body;
+};
+
+/// "" when the clone holds iteration k (its fork iteration) bit for bit, metadata included.
+std::string holds_fork_state(std::uint64_t k, const dc::metadata& meta, replica& r) {
+  replica want;
+  want.become(k);
+  want.state.metadata().step = k;
+  if (r.bytes() != want.bytes()) return "the clone's bytes are not those of iteration " + std::to_string(k);
+  if (!(meta == want.state.metadata())) return "the clone's metadata is not that of iteration " + std::to_string(k);
+  return "";
+}
+/// A clone body: request, wait, and check the bytes.
+template <class Clone>
+std::string clone_once(Clone& dst, replica& r) {
+  try {
+    dst.request();
+    dst.wait();
+  } catch (const dc::error& e) {
+    return std::string("clone failed: ") + e.what();
+  }
+  return holds_fork_state(*dst.fork_iteration(), dst.metadata(), r);
+}
+
+template <class Engine>
+step_log source_step(const world_options<Engine>& o, typename Engine::template source<dc::raw_view<std::uint8_t>>& src, comm& raw,
+                     const dc::roles& roles, replica& r, std::uint64_t step, double (&g)[3]) {
+  step_log s;
+  if constexpr (Engine::agreement_type::trainer_collective) s.word = src.fork_word();
+  g[0] = static_cast<double>(s.word);
+  dc::allreduce_sum(raw, roles.sources, std::span<double>(g, 3), 10);
+  if constexpr (Engine::agreement_type::trainer_collective) {
+    s.sum = static_cast<std::uint64_t>(g[0]);
+    s.busy_before = src.cloning();
+    const auto t0 = std::chrono::steady_clock::now();
+    src.fork_agreed(s.sum);
+    s.agreed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.started = !s.busy_before && src.cloning();
+  }
+  r.iterate(&src, step);
+  if (o.source1_ahead && raw.rank() == 1) src.end_iteration(step);
+  if (o.source1_ahead) dc::barrier(raw, roles.sources, 20);
+  if (!o.source1_ahead || raw.rank() != 1) src.end_iteration(step);
+  return s;
+}
+
+template <class Engine>
+world_result run_world(const world_options<Engine>& o) {
+  world_result out;
+  out.steps.resize(o.n);
+  out.completed.resize(o.n);
+  out.failed.resize(o.n);
+  out.last_error.resize(o.n);
+  out.clones.resize(o.m);
+  const auto roles = dc::roles::contiguous(o.n, o.m);
+  std::atomic<int> clones_done{0};
+  const auto deadline = std::chrono::steady_clock::now() + 90s;
+  dc::inproc::world world(o.n + o.m);
+  world.run([&](comm& raw) {
+    fcomm c(raw, o.faults);
+    replica r;
+    if (raw.rank() >= o.n) {
+      typename world_options<Engine>::clone_t dst(c, roles, r.state, o.settings);
+      out.clones[raw.rank() - o.n] = o.clone_body(dst, r);
+      ++clones_done;
+      return;
+    }
+    typename Engine::template source<dc::raw_view<std::uint8_t>> src(c, roles, r.state, o.settings);
+    for (std::uint64_t step = 0, after = 0; after < 3; ++step) {
+      if (o.before_collective) o.before_collective(raw.rank(), step, r);
+      double g[3] = {0, static_cast<double>(clones_done.load()), std::chrono::steady_clock::now() > deadline ? 1.0 : 0.0};
+      out.steps[raw.rank()].push_back(source_step(o, src, raw, roles, r, step, g));
+      if (g[2] > 0) {
+        out.deadline_hit = true;
+        break;
+      }
+      if (g[1] == o.n * o.m) ++after;
+    }
+    src.finish();
+    out.completed[raw.rank()] = src.sessions_completed();
+    out.failed[raw.rank()] = src.sessions_failed();
+    out.last_error[raw.rank()] = src.last_error();
+  });
+  return out;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("agreement::collective: every clone rank holds iteration k bit for bit, k the newest untouched iteration", E,
@@ -175,4 +307,125 @@ TEST_CASE("agreement::collective: misuse is refused naming the rule") {
     src.fork_agreed(0);
     CHECK_FALSE(src.cloning());
   });
+}
+
+// design.md, Fork agreement, coordinator: "If a source does learn it too late, it says so
+// to the clone, which fails with errc::fork_agreement naming the source and the
+// iterations; the sources keep training." Source 1 ends every iteration before source 0, so
+// with fork_lead = 1 it learns the decision of source 0's end_iteration(j) only at its own
+// end_iteration(j + 1) = k, every time. What the code does (the claim is only partly true):
+// source 1 refuses with errc::fork_agreement in its last_error and tells the clone, but the
+// clone treats that as a failed source and gets source 1's groups from source 0 (failover),
+// so it completes bit for bit, source 1 marked failed in its report; it never sees
+// errc::fork_agreement (clone_transfer::source_failed turns every code but layout_mismatch
+// and outside_hooks into source_failed). With fork_lead = 2 the same skew is served.
+TEST_CASE("agreement::coordinator: a source that learns the decision too late refuses it naming itself; fork_lead 2 serves") {
+  using E = faulty_engine<dc::agreement::coordinator>;
+  world_options<E> o;
+  o.source1_ahead = true;
+  o.settings.fork_lead = 1;
+  o.clone_body = [](auto& dst, replica& r) {
+    auto bad = clone_once(dst, r);
+    return bad.empty() && !dst.report().sources.at(1).failed ? "source 1 not reported failed" : bad;
+  };
+  auto late = run_world(o);
+  CHECK_FALSE(late.deadline_hit);  // the sources trained on to the end
+  CHECK(late.clones[0] == "");
+  CHECK(late.completed == std::vector<std::uint64_t>{1, 0});
+  CHECK(late.failed == std::vector<std::uint64_t>{0, 1});
+  REQUIRE(late.last_error[1]);
+  CHECK(late.last_error[1]->code == dc::errc::fork_agreement);
+  INFO(late.last_error[1]->what);
+  CHECK(contains(late.last_error[1]->what, "source 1 (rank 1) received the decision to fork at iteration"));
+  CHECK(contains(late.last_error[1]->what, "only at the end of iteration"));
+  CHECK(contains(late.last_error[1]->what, "raise settings.fork_lead"));
+
+  o.settings.fork_lead = 2;
+  o.clone_body = [](auto& dst, replica& r) { return clone_once(dst, r); };
+  auto served = run_world(o);
+  CHECK_FALSE(served.deadline_hit);
+  CHECK(served.clones[0] == "");
+  CHECK(served.completed == std::vector<std::uint64_t>{1, 1});
+  CHECK(served.failed == std::vector<std::uint64_t>{0, 0});
+}
+
+// design.md, agreement::collective: "every source adds 2 while it still serves an earlier
+// clone, so the sources fork exactly when the sum is 1 - all of them in the same
+// iteration". Every acknowledgement of the first session to source 1 is lost, so source 1
+// serves it until settings.timeout (3 s) while the clone, complete, asks again at once:
+// the coordinator is ready (1) while source 1 is busy (2). spill, so that the lost
+// acknowledgements do not hold source 1 in before_update: it trains on, busy.
+TEST_CASE("agreement::collective: a source still serving a clone adds 2; the next session starts only at a sum of 1") {
+  using E = faulty_engine<dc::agreement::collective, dc::pipeline::spill>;
+  world_options<E> o;
+  o.settings.timeout = 3s;
+  o.faults->add({.action = dc::fault::kind::drop, .from = 2, .to = 1, .tag_lo = tb + 8, .times = 0});  // acks to source 1
+  o.clone_body = [faults = o.faults](auto& dst, replica& r) {
+    auto bad = clone_once(dst, r);
+    faults->clear();  // the second session runs without faults
+    return bad.empty() ? clone_once(dst, r) : "first clone: " + bad;
+  };
+  auto w = run_world(o);
+  CHECK_FALSE(w.deadline_hit);
+  CHECK(w.clones[0] == "");  // both clones bit for bit
+  CHECK(w.completed == std::vector<std::uint64_t>{2, 1});
+  CHECK(w.failed == std::vector<std::uint64_t>{0, 1});  // source 1's first session, by its timeout
+  int coordinator_ready_while_source1_busy = 0, started = 0;
+  for (std::size_t j = 0; j < std::min(w.steps[0].size(), w.steps[1].size()); ++j) {
+    CAPTURE(j);
+    const auto &a = w.steps[0][j], &b = w.steps[1][j];
+    CHECK(a.sum == a.word + b.word);
+    CHECK((a.word >= 2) == a.busy_before);  // +2 exactly while serving
+    CHECK(b.word == (b.busy_before ? 2u : 0u));
+    CHECK(a.started == b.started);     // both sources fork in the same iteration...
+    if (a.started) CHECK(a.sum == 1);  // ...and only when the sum is 1
+    started += a.started;
+    if (a.word == 1 && b.word == 2) ++coordinator_ready_while_source1_busy;
+  }
+  CHECK(started == 2);
+  CHECK(coordinator_ready_while_source1_busy > 0);  // the case under test happened
+}
+
+// design.md, agreement::collective: the other sources wait for the coordinator's decision
+// "in fork_agreed (at most failover_after ...)". The decision to source 1 is dropped: it
+// gives up after failover_after, says so in last_error (errc::timeout) and trains on; the
+// clone presumes it failed (nothing arrives from it) and gets its groups from source 0.
+TEST_CASE("agreement::collective: a source whose decision never comes waits at most failover_after; the clone fails over") {
+  using E = faulty_engine<dc::agreement::collective>;
+  world_options<E> o;
+  o.settings.failover_after = 1s;  // settings.timeout stays 30 s
+  o.faults->add({.action = dc::fault::kind::drop, .from = 0, .to = 1, .tag_lo = tb + 1, .times = 0});
+  o.clone_body = [](auto& dst, replica& r) { return clone_once(dst, r); };
+  auto w = run_world(o);
+  CHECK_FALSE(w.deadline_hit);
+  CHECK(w.clones[0] == "");
+  CHECK(w.completed == std::vector<std::uint64_t>{1, 0});
+  CHECK(w.failed == std::vector<std::uint64_t>{0, 1});
+  REQUIRE(w.last_error[1]);
+  CHECK(w.last_error[1]->code == dc::errc::timeout);
+  CHECK(contains(w.last_error[1]->what, "the coordinator's decision did not arrive within settings.failover_after"));
+  double waited = 0;
+  for (auto& s : w.steps[1]) waited = std::max(waited, s.agreed_s);
+  CHECK(waited >= 0.9);  // it did wait for the decision...
+  CHECK(waited < 10);    // ...for failover_after (1 s), far from settings.timeout (30 s)
+}
+
+// design.md, agreement::collective: "The metadata of an ended k is the copy the
+// coordinator takes at every end_iteration ... since the trainer may change it before the
+// collective." Here the trainer moves its data cursor and learning rate after every
+// end_iteration(j), before the collective; k is the iteration that ended (nothing is
+// written before the collective), and the clone must get k's metadata as it was at
+// end_iteration(k) (holds_fork_state compares it with replica::iterate_metadata(k)).
+TEST_CASE("agreement::collective: the metadata of an ended k is the copy of end_iteration(k), not the trainer's later changes") {
+  using E = faulty_engine<dc::agreement::collective>;
+  world_options<E> o;
+  o.before_collective = [](int, std::uint64_t, replica& r) {
+    r.state.metadata().data_cursor += 1000000;
+    r.state.metadata().hyper["lr"] = -1.0;
+  };
+  o.clone_body = [](auto& dst, replica& r) { return clone_once(dst, r); };
+  auto w = run_world(o);
+  CHECK_FALSE(w.deadline_hit);
+  CHECK(w.clones[0] == "");
+  CHECK(w.completed == std::vector<std::uint64_t>{1, 1});
 }

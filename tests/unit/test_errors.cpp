@@ -497,3 +497,49 @@ TEST_CASE("errors: a clone with different plan settings is refused with plan_mis
     check_sources_unharmed(o);
   }
 }
+
+// ---------------------------------------------------------------------------------------
+// Sources that stop before deciding
+
+// design.md, Failure behaviour: "Sources that finish before even deciding answer pending
+// requests at once (errc::source_failed)". The sources train, then finish() once the
+// clone's request is sent, before any end_iteration could take it: the clone must fail
+// with source_failed saying so, long before its 20 s timeout.
+TEST_CASE("errors: sources that finish before deciding answer a pending request at once with source_failed") {
+  const auto roles = dc::roles::contiguous(2, 1);
+  std::atomic<bool> requested{false};
+  std::optional<dc::error> error;
+  double seconds = 0;
+  dc::inproc::world w(3);
+  w.run([&](dc::inproc::communicator& comm) {
+    small_model m;
+    cloning::settings s;
+    s.timeout = 20s;
+    if (comm.rank() < 2) {
+      cloning::source src(comm, roles, m.st, s);
+      for (std::uint64_t step = 0; step < 3; ++step) {
+        for (std::size_t l = 3; l-- > 0;) src.before_update(l), src.after_update(l);
+        src.end_iteration(step);
+      }
+      while (!requested) std::this_thread::sleep_for(1ms);
+      src.finish();
+      return;
+    }
+    cloning::clone dst(comm, roles, m.st, s);
+    const auto t0 = std::chrono::steady_clock::now();
+    dst.request();
+    requested = true;
+    try {
+      dst.wait();
+    } catch (const dc::error& e) {
+      error = e;
+    }
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  REQUIRE(error);
+  const std::string what = error->what();
+  INFO(what);
+  CHECK(error->kind() == dc::errc::source_failed);
+  CHECK(contains(what, "the sources finished training (last step 2) before they could serve this clone's request"));
+  CHECK(seconds < 10);  // at once, not after settings.timeout (20 s)
+}

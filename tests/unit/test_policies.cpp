@@ -25,6 +25,7 @@
 #include <vector>
 
 namespace dc = deepclone;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -130,21 +131,45 @@ struct off_by_one {
   bool may_overwrite(dc::pipeline::context&, std::size_t) { return true; }
 };
 
+/// Broken user pipelines, one context rule each (pipeline.hpp). The first three post every
+/// piece of a final layer with one field wrong; after_end waits until the session ended
+/// (by its timeout: nothing arrives) and calls on.
+enum class broken { piece, clone, layer, after_end };
+template <broken B>
+struct broken_rule {
+  static constexpr const char* name = "broken_rule";
+  void layer_final(dc::pipeline::context& c, std::size_t l) {
+    if constexpr (B == broken::after_end) {
+      c.wait_until([] { return false; }, "a condition that never holds");
+      (void)c.sends_done(l);
+    } else {
+      for (auto& p : c.pieces(l)) {
+        c.summed(p.piece, p.live);
+        for (auto to : p.to)
+          c.post({B == broken::layer ? (l == 0 ? 1 : 0) : l, B == broken::piece ? 1u << 30 : p.piece, B == broken::clone ? 7u : to, p.live});
+      }
+    }
+  }
+  bool may_overwrite(dc::pipeline::context&, std::size_t) { return true; }
+};
+
 using comm = dc::inproc::communicator;
 using chain = dc::testing::relay_chain;
 
-}  // namespace
-
-TEST_CASE("a user pipeline that breaks the context's rules: a clear error in the hook, the clone fails at once, no write out of bounds") {
-  using E = dc::engine<comm, dc::shard::split_even, off_by_one, dc::reconstruct::scatter_exchange>;
+/// One source trains with pipeline policy `P` until a hook throws (at most 5000 steps);
+/// one clone rank waits. Returns what each threw.
+template <class P>
+std::pair<std::optional<dc::error>, std::optional<dc::error>> broken_pipeline_run(std::chrono::nanoseconds source_timeout = 30s) {
+  using E = dc::engine<comm, dc::shard::split_even, P, dc::reconstruct::scatter_exchange>;
   const auto roles = dc::roles::contiguous(1, 1);
   dc::inproc::world w(2);
   std::optional<dc::error> source_error, clone_error;
   w.run([&](comm& c) {
     dc::testing::replica r;
-    auto s = dc::testing::small_settings::make<E::settings>();
+    auto s = dc::testing::small_settings::make<typename E::settings>();
     if (c.rank() == 0) {
-      E::source src(c, roles, r.state, s);
+      s.timeout = source_timeout;
+      typename E::source src(c, roles, r.state, s);
       for (std::uint64_t step = 0; step < 5000 && !source_error; ++step) {
         try {
           r.iterate(&src, step);
@@ -155,7 +180,7 @@ TEST_CASE("a user pipeline that breaks the context's rules: a clear error in the
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     } else {
-      E::clone dst(c, roles, r.state, s);
+      typename E::clone dst(c, roles, r.state, s);
       dst.request();
       try {
         dst.wait();
@@ -164,6 +189,13 @@ TEST_CASE("a user pipeline that breaks the context's rules: a clear error in the
       }
     }
   });
+  return {source_error, clone_error};
+}
+
+}  // namespace
+
+TEST_CASE("a user pipeline that breaks the context's rules: a clear error in the hook, the clone fails at once, no write out of bounds") {
+  auto [source_error, clone_error] = broken_pipeline_run<off_by_one>();
   REQUIRE(source_error);
   CHECK(source_error->kind() == dc::errc::invalid_argument);
   INFO(source_error->what());
@@ -172,6 +204,36 @@ TEST_CASE("a user pipeline that breaks the context's rules: a clear error in the
   REQUIRE(clone_error);  // told by the source's failed session, not after its timeout
   INFO(clone_error->what());
   CHECK(std::string(clone_error->what()).find("off_by_one") != std::string::npos);
+}
+
+/// Checks one broken_rule run: the hook threw errc::invalid_argument naming the policy and
+/// `rule`; with `clone_named`, the clone failed naming the policy (the source told it).
+template <broken B>
+void check_broken_rule(const std::string& rule, bool clone_named = true) {
+  auto [source_error, clone_error] = broken_pipeline_run<broken_rule<B>>(B == broken::after_end ? 2s : 30s);
+  REQUIRE(source_error);
+  const std::string what = source_error->what();
+  INFO(what);
+  CHECK(source_error->kind() == dc::errc::invalid_argument);
+  CHECK(what.find("pipeline policy 'broken_rule' on source 0 broke a rule: context::") != std::string::npos);
+  CHECK(what.find(rule) != std::string::npos);
+  REQUIRE(clone_error);
+  const std::string clone_what = clone_error->what();
+  INFO(clone_what);
+  if (clone_named) CHECK(clone_what.find("broken_rule") != std::string::npos);
+}
+
+// design.md, Pipelines are hooks / pipeline.hpp: the engine checks every call of a pipeline
+// policy against the context's rules; a broken one fails the session (the clone learns it
+// at once) and the hook throws errc::invalid_argument naming the rule. off_by_one above
+// reaches only the layer range check; these reach the others.
+TEST_CASE("a user pipeline that breaks each other context rule is named with that rule") {
+  SUBCASE("a piece index beyond the plan") { check_broken_rule<broken::piece>("context::post: piece 1073741824, but the plan has "); }
+  SUBCASE("a clone index beyond M") { check_broken_rule<broken::clone>("context::post: clone index 7, but there are 1 clone ranks"); }
+  SUBCASE("a piece posted under another (valid) layer") { check_broken_rule<broken::layer>("belongs to layer 4, not to layer 0"); }
+  SUBCASE("a call after the session ended") {  // it ended by its timeout: the clone hears that, not the rule
+    check_broken_rule<broken::after_end>("context::sends_done after the session ended", false);
+  }
 }
 
 TEST_CASE_TEMPLATE("a user-written relay chain clones bit for bit (N 1..4, M 1..4)", E,
