@@ -397,7 +397,7 @@ class clone_engine {
       meta_posted_ = true;
     }
     if (meta_posted_ && !meta_done_) {
-      auto n = test_or_garbage(meta_req_);
+      auto n = test_or_garbage(comm_, meta_req_);
       if (!n) return any;
       meta_done_ = true;
       if (*n != meta_.size() || Checksum::compute(meta_) != meta_expect_->checksum)
@@ -422,16 +422,6 @@ class clone_engine {
     return any;
   }
 
-  /// The transport's test, with a receive it failed (a peer's message larger than the
-  /// buffer) reported as `garbage` bytes: such a piece fails verification like a corrupt one.
-  static constexpr std::size_t garbage = ~std::size_t{0};
-  std::optional<std::size_t> test_or_garbage(request_t& r) {
-    try {
-      return comm_.test(r);
-    } catch (const error&) {
-      return garbage;
-    }
-  }
 
   /// Receives are posted straight into the clone tensors: a tensor the user resized or
   /// moved since request() would be written outside its memory. Checked before every round

@@ -28,6 +28,18 @@
 
 namespace deepclone::detail {
 
+/// The transport's test, with a receive it failed (a peer's message larger than the
+/// buffer) reported as `garbage` bytes: such a message fails verification like a corrupt one.
+inline constexpr std::size_t garbage = ~std::size_t{0};
+template <class Comm>
+std::optional<std::size_t> test_or_garbage(Comm& comm, typename Comm::request_type& r) {
+  try {
+    return comm.test(r);
+  } catch (const error&) {
+    return garbage;
+  }
+}
+
 template <class Comm, class Checksum>
 class clone_transfer {
   using request_t = typename Comm::request_type;
@@ -164,16 +176,7 @@ class clone_transfer {
   const deepclone::plan& plan() const { return *s_.plan; }
   std::span<std::byte> bytes_of(const piece& p) const { return s_.tensors[p.tensor].subspan(p.offset, p.length); }
 
-  /// The transport's test, with a receive it failed (a peer's message larger than the
-  /// buffer) reported as `garbage` bytes: such a piece fails verification like a corrupt one.
-  static constexpr std::size_t garbage = ~std::size_t{0};
-  std::optional<std::size_t> test_or_garbage(request_t& r) {
-    try {
-      return comm_.test(r);
-    } catch (const error&) {
-      return garbage;
-    }
-  }
+  std::optional<std::size_t> test_or_garbage(request_t& r) { return detail::test_or_garbage(comm_, r); }
 
   /// Every receive of the plan, posted up front straight into the clone's tensors.
   void post_plan_receives() {
