@@ -251,19 +251,24 @@ TEST_CASE("reuse: a clone engine that goes away mid-transfer does not hold the s
   for (bool vanish : {false, true}) {
     CAPTURE(vanish);  // true: the clone rank is silenced first, so its goodbye never arrives
     world_options o;
+    // Bounds with room for a loaded TSan build (CI saw the earlier 1 s/1.5 s/5 s bounds fail
+    // once there): layer 1 is held 3 s, longer than layers 0 and 2 may take; the sources drop
+    // the vanished session after 2 s without progress; the second clone waits up to 10 s
+    // without progress, which covers that wait for the sources.
+    o.settings = small_settings(2s);
     o.updates = [](int, std::uint64_t, std::size_t l) { return l != 1; };
-    o.faults->add({.action = kind::delay, .to = 2, .tag_lo = layer_tag(1, 0), .first = 1, .times = 0, .hold = 1500ms});
+    o.faults->add({.action = kind::delay, .to = 2, .tag_lo = layer_tag(1, 0), .first = 1, .times = 0, .hold = 3000ms});
     auto faults = o.faults;
     auto r = run_world(o, [&](int, fcomm& comm, const dc::roles& roles, model& mdl) -> std::string {
       {
-        clone_t first(comm, roles, mdl.st, small_settings());
+        clone_t first(comm, roles, mdl.st, small_settings(3s));
         first.request();
         first.wait_layer(2);
         if (first.layer_ready(1)) return "layer 1 arrived despite the delay: the test does not test";
         if (vanish) faults->silence(comm.rank());
       }
       faults->clear();
-      clone_t second(comm, roles, mdl.st, small_settings(5s));
+      clone_t second(comm, roles, mdl.st, small_settings(10s));
       try {
         second.request();
         second.wait();

@@ -503,11 +503,14 @@ TEST_CASE("errors: a clone with different plan settings is refused with plan_mis
 
 // design.md, Failure behaviour: "Sources that finish before even deciding answer pending
 // requests at once (errc::source_failed)". The sources train, then finish() once the
-// clone's request is sent, before any end_iteration could take it: the clone must fail
-// with source_failed saying so, long before its 20 s timeout.
+// clone's request is sent; the clone requests only after both sources ended their last
+// iteration, so no end_iteration can take the request (a request sent earlier may be
+// served, and the clone then completes): the clone must fail with source_failed saying
+// so, long before its 20 s timeout.
 TEST_CASE("errors: sources that finish before deciding answer a pending request at once with source_failed") {
   const auto roles = dc::roles::contiguous(2, 1);
   std::atomic<bool> requested{false};
+  std::atomic<int> trained{0};  // sources past their last end_iteration
   std::optional<dc::error> error;
   double seconds = 0;
   dc::inproc::world w(3);
@@ -521,11 +524,13 @@ TEST_CASE("errors: sources that finish before deciding answer a pending request 
         for (std::size_t l = 3; l-- > 0;) src.before_update(l), src.after_update(l);
         src.end_iteration(step);
       }
+      ++trained;
       while (!requested) std::this_thread::sleep_for(1ms);
       src.finish();
       return;
     }
     cloning::clone dst(comm, roles, m.st, s);
+    while (trained < 2) std::this_thread::sleep_for(1ms);
     const auto t0 = std::chrono::steady_clock::now();
     dst.request();
     requested = true;
