@@ -52,6 +52,8 @@ class engine {
     Shard shard{};
     Pipeline pipeline{};
     Reconstruct reconstruct{};
+    /// How the sources agree on the fork iteration (agreement.hpp); sources only.
+    Agreement agreement{};
     plan_options plan{};
     /// Longest wait without progress before a clone fails or a source drops a session.
     std::chrono::nanoseconds timeout = std::chrono::seconds(60);
@@ -70,7 +72,8 @@ class engine {
     /// own. A sweep of 0, 1 and 5 ms under mpirun showed no gain beyond the rounds' spread
     /// (docs/performance.md), so the default stays what it was.
     std::chrono::nanoseconds poll_interval{0};
-    /// agreement::coordinator: the coordinator forks at (iteration in which it saw every clone request) + fork_lead.
+    /// agreement::coordinator (and user policies that read it from agreement::context): the
+    /// coordinator forks at (iteration in which it saw every clone request) + fork_lead.
     /// Other sources must learn the decision before iteration k starts, so this is the
     /// tolerated skew between sources, in iterations.
     std::uint64_t fork_lead = 2;

@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "agreement.hpp"
 #include "layout.hpp"
 #include "piece.hpp"
 #include "pipeline.hpp"
@@ -68,6 +69,30 @@ template <class P>
 concept trainer_collective = requires {
   { P::trainer_collective } -> std::convertible_to<bool>;
 };
+/// `void end_iteration(agreement::context&, std::uint64_t step) const`: an agreement that
+/// decides at the end of an iteration (trainer_collective = false).
+template <class P>
+concept decides_at_end = requires(const P& p, agreement::context& c) {
+  { p.end_iteration(c, std::uint64_t{}) } -> std::same_as<void>;
+};
+/// `std::uint64_t word(agreement::context&) const`: this source's word for the trainer's collective.
+template <class P>
+concept word = requires(const P& p, agreement::context& c) {
+  { p.word(c) } -> std::convertible_to<std::uint64_t>;
+};
+/// `void agreed(agreement::context&, std::uint64_t given, std::uint64_t sum) const`: the collective's sum.
+template <class P>
+concept agreed = requires(const P& p, agreement::context& c) {
+  { p.agreed(c, std::uint64_t{}, std::uint64_t{}) } -> std::same_as<void>;
+};
+/// The hooks an agreement needs: `end_iteration`, or `word` and `agreed` when the trainer's
+/// collective carries the decision.
+template <class P>
+constexpr bool agreement_hooks() {
+  if constexpr (!trainer_collective<P>) return false;
+  else if constexpr (P::trainer_collective) return word<P> && agreed<P>;
+  else return decides_at_end<P>;
+}
 /// `static std::uint64_t compute(std::span<const std::byte>)`.
 template <class P>
 concept compute = requires(std::span<const std::byte> b) {
@@ -87,7 +112,7 @@ template <class P>
 concept pipeline_policy = policy_member::name<P> && policy_member::layer_final<P> && policy_member::may_overwrite<P>;
 /// How the sources agree on the fork iteration (agreement.hpp).
 template <class P>
-concept agreement_policy = policy_member::name<P> && policy_member::trainer_collective<P>;
+concept agreement_policy = policy_member::name<P> && policy_member::trainer_collective<P> && policy_member::agreement_hooks<P>();
 /// How a piece is checked on arrival (checksum.hpp).
 template <class P>
 concept checksum_policy = policy_member::id<P> && policy_member::name<P> && policy_member::compute<P>;
@@ -129,6 +154,21 @@ struct policy_check {
   static_assert(policy_member::trainer_collective<Agreement>,
                 "agreement policy: needs `static constexpr bool trainer_collective` (does the trainer's own "
                 "collective carry the fork decision? see agreement.hpp)");
+  static constexpr bool collective_kind = [] {
+    if constexpr (policy_member::trainer_collective<Agreement>) return bool(Agreement::trainer_collective);
+    else return false;
+  }();
+  static constexpr bool end_kind = policy_member::trainer_collective<Agreement> && !collective_kind;
+  static_assert(!end_kind || policy_member::decides_at_end<Agreement>,
+                "agreement policy (trainer_collective = false): needs `void end_iteration(agreement::context&, std::uint64_t "
+                "step) const` (called at the end of each iteration served by no clone: the coordinator decides with "
+                "fork_at, the others follow; see agreement.hpp)");
+  static_assert(!collective_kind || policy_member::word<Agreement>,
+                "agreement policy (trainer_collective = true): needs `std::uint64_t word(agreement::context&) const` (this "
+                "source's word for the trainer's collective, a sum over the sources; see agreement.hpp)");
+  static_assert(!collective_kind || policy_member::agreed<Agreement>,
+                "agreement policy (trainer_collective = true): needs `void agreed(agreement::context&, std::uint64_t given, "
+                "std::uint64_t sum) const` (the collective's sum, the same on every source: fork here; see agreement.hpp)");
   static constexpr bool ok = sharding_policy<Shard> && pipeline_policy<Pipeline> && reconstruction_policy<Reconstruct> &&
                              checksum_policy<Checksum> && agreement_policy<Agreement>;
 };

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "agreement.hpp"
 #include "checksum.hpp"
 #include "detail/fork_messages.hpp"
 #include "detail/outbox.hpp"
@@ -166,46 +167,48 @@ class source_engine {
     if (session_ && step >= session_->k && delivered()) complete_session();
     if constexpr (Agreement::trainer_collective)  // should the next collective fork at this iteration,
       if (index_ == 0) fork_meta_ = state_.metadata(), fork_meta_->step = step;  // its metadata as it is now
-    if (!session_) handle_control(step);
+    if constexpr (!Agreement::trainer_collective)
+      if (!session_) {
+        agreement_context c(*this);
+        settings_.agreement.end_iteration(c, step);
+      }
     trailing_.poll(comm_);
     trailing_.compact();
   }
 
-  /// agreement::collective, first call: this source's word for the trainer's collective (a
-  /// sum over the sources; see agreement.hpp). 1 on the coordinator when it holds every
-  /// clone rank's accepted request (it takes them here, and refuses mismatched ones), +2 on
-  /// a source still serving a clone, else 0. The
-  /// sources fork when the sum is exactly 1: the coordinator is ready and no source is busy.
+  /// A trainer-collective agreement (agreement::collective), first call: this source's word
+  /// for the trainer's collective, a sum over the sources (see agreement.hpp). For
+  /// `collective`: 1 on the coordinator when it holds every clone rank's accepted request
+  /// (it takes them here, and refuses mismatched ones), +2 on a source still serving a
+  /// clone, else 0; the sources fork when the sum is exactly 1.
   std::uint64_t fork_word() {
-    static_assert(Agreement::trainer_collective,
-                  "fork_word() belongs to agreement::collective; this engine forks with agreement::coordinator");
+    static_assert(Agreement::trainer_collective, "fork_word() belongs to a trainer-collective agreement (agreement::collective); "
+                                                 "this engine's agreement decides in end_iteration");
     hook_timer t(*this);
     check_outside_update("fork_word()");
-    bool ready = false;
-    if (index_ == 0 && !session_ && !finished_ && last_step_) {
-      fork_msgs_.take_requests(comm_);  // a request that arrived during this iteration counts at once
-      ready = accepted_requests();
-    }
-    word_ = (ready ? 1u : 0u) + (session_ ? 2u : 0u);
+    agreement_context c(*this);
+    word_ = finished_ ? 0 : settings_.agreement.word(c);
     return word_;
   }
-  /// agreement::collective, second call: `sum` is the sum of every source's fork_word() of
-  /// this iteration, the same on every source. When it is 1 the session starts here, at
-  /// the newest iteration whose layers are all untouched, and its final layers leave at once.
+  /// Second call: `sum` is the sum of every source's fork_word() of this iteration, the
+  /// same on every source. When the policy forks here (collective: at a sum of 1), the
+  /// session starts at the newest iteration whose layers are all untouched, and its final
+  /// layers leave at once.
   void fork_agreed(std::uint64_t sum) {
-    static_assert(Agreement::trainer_collective,
-                  "fork_agreed() belongs to agreement::collective; this engine forks with agreement::coordinator");
+    static_assert(Agreement::trainer_collective, "fork_agreed() belongs to a trainer-collective agreement "
+                                                 "(agreement::collective); this engine's agreement decides in end_iteration");
     hook_timer t(*this);
     check_outside_update("fork_agreed()");
     const auto given = std::exchange(word_, 0);
-    if (sum < given || (index_ == 0 && (sum & 1) != (given & 1)))
+    if (sum < given)
       throw error(errc::invalid_argument, "fork_agreed(" + std::to_string(sum) + ") on source " + std::to_string(index_) +
                                               ", whose fork_word() was " + std::to_string(given) +
                                               ": pass the sum of every source's fork_word() of this iteration");
-    if (sum != 1 || session_ || finished_) return;
-    if (index_ == 0) fork_now();
-    else join_fork();
-    if (session_) send_final_layers();
+    if (finished_) return;
+    agreement_context c(*this);
+    const bool serving = session_.has_value();
+    settings_.agreement.agreed(c, given, sum);
+    if (session_ && !serving) send_final_layers();
   }
 
   /// Ends this source's participation: an in-flight transfer is completed (or fails with
@@ -367,25 +370,85 @@ class source_engine {
     if (!finished_) fork_msgs_.post(comm_);
   }
 
-  void handle_control(std::uint64_t step) {
-    if (index_ != 0) {
-      if constexpr (Agreement::trainer_collective) return;  // fork_agreed() takes the decision
-      auto d = fork_msgs_.take_decision(comm_);
-      if (!d) return;
-      if (fork_msgs_.seen(d->session)) {  // a duplicate of a decision served before
-        post_control();
-        return;
-      }
-      if (d->iteration <= step) {
-        refuse_late_decision(*d, "only at the end of iteration " + std::to_string(step) + "; raise settings.fork_lead");
-        return;
-      }
-      start_session(*d);
+  /// What the engine offers the agreement policy (agreement::context); the policy decides
+  /// when, the engine does the messaging. Each call checks the rule it depends on.
+  class agreement_context final : public agreement::context {
+   public:
+    explicit agreement_context(source_engine& e) : e_(e) {}
+    bool coordinator() const override { return e_.index_ == 0; }
+    std::uint32_t source_index() const override { return e_.index_; }
+    std::optional<std::uint64_t> last_iteration() const override { return e_.last_step_; }
+    bool serving() const override { return e_.session_.has_value(); }
+    std::uint64_t fork_lead() const override { return e_.settings_.fork_lead; }
+    bool requests_accepted() override {
+      may_decide("requests_accepted()", false);
+      e_.fork_msgs_.take_requests(e_.comm_);
+      return e_.accepted_requests();
+    }
+    void fork_at(std::uint64_t k) override {
+      may_decide("fork_at()", true);
+      if (k <= *e_.last_step_)
+        e_.agreement_broke_rule("fork_at(" + std::to_string(k) + ") after end_iteration(" + std::to_string(*e_.last_step_) +
+                                "): k must lie after the last ended iteration");
+      e_.fork_at(k);
+    }
+    void follow(std::uint64_t step) override {
+      may_follow("follow()");
+      e_.follow(step);
+    }
+    void fork_untouched() override {
+      in_collective("fork_untouched()");
+      may_decide("fork_untouched()", true);
+      e_.fork_untouched();
+    }
+    void join_untouched() override {
+      in_collective("join_untouched()");
+      may_follow("join_untouched()");
+      e_.join_untouched();
+    }
+
+   private:
+    /// The coordinator decides, once per fork, with every request in hand and accepted.
+    void may_decide(const char* call, bool needs_requests) const {
+      if (e_.index_ != 0) e_.agreement_broke_rule(std::string(call) + " on source " + std::to_string(e_.index_) + ": only the coordinator (source 0) decides");
+      if (e_.session_) e_.agreement_broke_rule(std::string(call) + " while a clone is served (check serving())");
+      if (!e_.last_step_) e_.agreement_broke_rule(std::string(call) + " before the first end_iteration");
+      if (needs_requests && !e_.fork_msgs_.all_requested())
+        e_.agreement_broke_rule(std::string(call) + " without every clone rank's request (decide only when requests_accepted() is true)");
+    }
+    /// The untouched iteration is the same on every source only at the trainer's collective,
+    /// where all of them stand between the same two iterations.
+    void in_collective(const char* call) const {
+      if constexpr (!Agreement::trainer_collective)
+        e_.agreement_broke_rule(std::string(call) + " outside a trainer collective: the sources are in step only there "
+                                                    "(use it in agreed() of a trainer_collective policy; fork_at()/follow() elsewhere)");
+    }
+    void may_follow(const char* call) const {
+      if (e_.index_ == 0) e_.agreement_broke_rule(std::string(call) + " on the coordinator (source 0): it decides, the others follow");
+      if (e_.session_) e_.agreement_broke_rule(std::string(call) + " while a clone is served (check serving())");
+      if (!e_.last_step_) e_.agreement_broke_rule(std::string(call) + " before the first end_iteration");
+    }
+    source_engine& e_;
+  };
+  [[noreturn]] void agreement_broke_rule(const std::string& what) const {
+    throw error(errc::invalid_argument,
+                "agreement policy '" + std::string(Agreement::name) + "' on source " + std::to_string(index_) + " broke a rule: " + what);
+  }
+
+  /// Other sources: the coordinator's decision, if it arrived, is served when its k lies
+  /// after `step`, refused as late otherwise.
+  void follow(std::uint64_t step) {
+    auto d = fork_msgs_.take_decision(comm_);
+    if (!d) return;
+    if (fork_msgs_.seen(d->session)) {  // a duplicate of a decision served before
+      post_control();
       return;
     }
-    if constexpr (Agreement::trainer_collective) return;  // requests are taken in fork_word()
-    fork_msgs_.take_requests(comm_);
-    if (accepted_requests()) fork_at(step + settings_.fork_lead);
+    if (d->iteration <= step) {
+      refuse_late_decision(*d, "only at the end of iteration " + std::to_string(step) + "; raise settings.fork_lead");
+      return;
+    }
+    start_session(*d);
   }
 
   /// Coordinator: true when every clone rank's request is in hand and matches this
@@ -435,7 +498,7 @@ class source_engine {
     post_control();
   }
 
-  // ---- agreement::collective ----
+  // ---- trainer-collective agreements ----
 
   void check_outside_update(const char* call) const {
     if (open_ >= 0)
@@ -449,15 +512,15 @@ class source_engine {
       if (u == generation_) return *last_step_ + 1;
     return *last_step_;
   }
-  /// Coordinator: every source agreed (sum 1); fork at the newest untouched iteration.
-  void fork_now() {
+  /// Coordinator: every source agreed; fork at the newest untouched iteration.
+  void fork_untouched() {
     const auto k = untouched_iteration();
     if (k == *last_step_) meta_to_send_ = fork_meta_;  // taken at end_iteration(k)
     fork_at(k);
   }
   /// Other sources: the coordinator's decision follows the collective at once; wait for
   /// it (at most settings.failover_after: the clone fails over if it never comes).
-  void join_fork() {
+  void join_untouched() {
     auto d = await_decision();
     if (!d) {
       last_error_ = failure{errc::timeout, "source " + std::to_string(index_) + ": the collective agreed to fork, but the "

@@ -7,8 +7,9 @@ set(expect_1 "reconstruction policy: needs `std::vector<reconstruct::hop> forwar
 set(expect_2 "sharding policy: needs `static constexpr std::uint32_t id`")
 set(expect_3 "checksum policy: needs `static std::uint64_t compute")
 set(expect_4 "pipeline policy: needs `bool may_overwrite")
+set(expect_5 "agreement policy (trainer_collective = false): needs `void end_iteration")
 set(failed "")
-foreach(lacks 0 1 2 3 4)
+foreach(lacks 0 1 2 3 4 5)
   execute_process(COMMAND ${CXX} -std=c++20 -fsyntax-only -DLACKS=${lacks} -I${SOURCE_DIR}/include ${src}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(lacks EQUAL 0)

@@ -40,10 +40,19 @@ struct pipeline {
   bool may_overwrite(deepclone::pipeline::context& c, std::size_t l) { return c.sends_done(l) && c.verified(l); }
 #endif
 };
+struct agreement {
+  static constexpr const char* name = "user";
+  static constexpr bool trainer_collective = false;
+#if LACKS != 5
+  void end_iteration(deepclone::agreement::context& c, std::uint64_t step) const {
+    deepclone::agreement::coordinator{}.end_iteration(c, step);
+  }
+#endif
+};
 }  // namespace user
 
 using cloning = deepclone::engine<deepclone::inproc::communicator, user::sharding, user::pipeline,
-                                  user::reconstruction, user::checksum>;
+                                  user::reconstruction, user::checksum, user::agreement>;
 cloning::settings s;
 
 int main() { return static_cast<int>(s.timeout.count() == 0); }

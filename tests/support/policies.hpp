@@ -1,6 +1,7 @@
 #pragma once
-// Reconstruction policies written as a user would, outside the library, for the plan and
-// clone tests: the engine runs them without any change of its own code.
+// Reconstruction and agreement policies written as a user would, outside the library, for
+// the plan, clone and agreement tests: the engine runs them without any change of its own code.
+#include <deepclone/agreement.hpp>
 #include <deepclone/piece.hpp>
 #include <deepclone/reconstruct.hpp>
 
@@ -48,6 +49,59 @@ struct relay_out_of_order : reconstruct::scatter_exchange {
     for (std::uint32_t c = 0; c < clones; ++c)
       if (c != owner && c != a && c != b) out.push_back({owner, c});
     return out;
+  }
+};
+
+/// A user's agreement: fork only at iterations that are multiples of `period` (where, say,
+/// an HPC code writes its simulation output), at least settings.fork_lead after the
+/// iteration in which the coordinator held every request. The messaging is the engine's.
+struct on_period {
+  static constexpr const char* name = "on_period";
+  static constexpr bool trainer_collective = false;
+  std::uint64_t period = 5;
+  void end_iteration(agreement::context& c, std::uint64_t step) const {
+    if (!c.coordinator()) return c.follow(step);
+    if (!c.requests_accepted()) return;
+    const std::uint64_t earliest = step + c.fork_lead();
+    c.fork_at((earliest + period - 1) / period * period);
+  }
+};
+
+/// Broken agreements, each breaking one rule of agreement::context.
+/// Forks at the iteration that just ended (its layers may already be overwritten).
+struct fork_in_the_past {
+  static constexpr const char* name = "fork_in_the_past";
+  static constexpr bool trainer_collective = false;
+  void end_iteration(agreement::context& c, std::uint64_t step) const {
+    if (!c.coordinator()) return c.follow(step);
+    if (c.requests_accepted()) c.fork_at(step);
+  }
+};
+/// Every source acts as the coordinator.
+struct everyone_decides {
+  static constexpr const char* name = "everyone_decides";
+  static constexpr bool trainer_collective = false;
+  void end_iteration(agreement::context& c, std::uint64_t step) const {
+    if (c.requests_accepted()) c.fork_at(step + 1);
+  }
+};
+/// Decides without asking whether every clone rank's request is in hand.
+struct decides_unasked {
+  static constexpr const char* name = "decides_unasked";
+  static constexpr bool trainer_collective = false;
+  void end_iteration(agreement::context& c, std::uint64_t step) const {
+    if (!c.coordinator()) return c.follow(step);
+    c.fork_at(step + 1);
+  }
+};
+/// Uses the trainer collective's fork (fork_untouched) at the end of an iteration, where
+/// the sources are not in step.
+struct untouched_at_end {
+  static constexpr const char* name = "untouched_at_end";
+  static constexpr bool trainer_collective = false;
+  void end_iteration(agreement::context& c, std::uint64_t step) const {
+    if (!c.coordinator()) return c.follow(step);
+    if (c.requests_accepted()) c.fork_untouched();
   }
 };
 

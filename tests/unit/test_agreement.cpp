@@ -17,10 +17,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
-#include "../support/replica.hpp"  // replica, small_settings
+#include "../support/policies.hpp"  // on_period, the broken agreements
+#include "../support/replica.hpp"   // replica, small_settings
 
 namespace dc = deepclone;
 using namespace std::chrono_literals;
@@ -428,4 +430,82 @@ TEST_CASE("agreement::collective: the metadata of an ended k is the copy of end_
   CHECK_FALSE(w.deadline_hit);
   CHECK(w.clones[0] == "");
   CHECK(w.completed == std::vector<std::uint64_t>{1, 1});
+}
+
+// agreement.hpp: an agreement policy a user writes decides when to fork through
+// agreement::context; the engine does the messaging. tests/support/policies.hpp's on_period
+// forks only at multiples of 5 iterations, with source 1 ending every iteration first (the
+// skew fork_lead 2 covers): every clone rank holds that iteration bit for bit.
+TEST_CASE("agreement: a user-written policy (fork at multiples of a period) forks where it says, bit for bit") {
+  using E = faulty_engine<dc::testing::on_period>;
+  world_options<E> o;
+  o.source1_ahead = true;
+  o.m = 2;
+  o.clone_body = [](auto& dst, replica& r) {
+    auto bad = clone_once(dst, r);
+    if (bad.empty() && *dst.fork_iteration() % 5 != 0) return "forked at iteration " + std::to_string(*dst.fork_iteration());
+    return bad;
+  };
+  auto w = run_world(o);
+  CHECK_FALSE(w.deadline_hit);
+  CHECK(w.clones == std::vector<std::string>{"", ""});
+  CHECK(w.completed == std::vector<std::uint64_t>{1, 1});
+  CHECK(w.failed == std::vector<std::uint64_t>{0, 0});
+}
+
+/// The error end_iteration throws on source `i` with agreement `A` while a clone rank
+/// requests (N = 2, M = 1), or "" if none; the clone gives up after 2 s.
+template <class A>
+std::string broken_agreement_error(int i) {
+  using E = faulty_engine<A>;
+  const auto roles = dc::roles::contiguous(2, 1);
+  std::string what;
+  std::atomic<bool> clone_done{false};
+  dc::inproc::world world(3);
+  world.run([&](comm& raw) {
+    fcomm c(raw, std::make_shared<dc::fault::plan>());
+    replica r;
+    auto s = small_settings::make<typename E::settings>();
+    s.timeout = 2s;
+    if (raw.rank() == 2) {
+      typename E::template clone<dc::raw_view<std::uint8_t>> dst(c, roles, r.state, s);
+      try {
+        dst.request();
+        dst.wait();
+      } catch (const dc::error&) {
+      }
+      clone_done = true;
+      return;
+    }
+    typename E::template source<dc::raw_view<std::uint8_t>> src(c, roles, r.state, s);
+    for (std::uint64_t step = 0; !clone_done; ++step) {
+      r.iterate(&src, step);
+      try {
+        src.end_iteration(step);
+      } catch (const dc::error& e) {
+        if (raw.rank() == i && what.empty()) what = std::string(dc::errc_name(e.kind())) + ": " + e.what();
+        if (raw.rank() == i) break;  // a trainer would stop here; the other source trains on
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  return what;
+}
+
+TEST_CASE("agreement: a user-written policy that breaks a rule of agreement::context is refused naming the rule") {
+  auto past = broken_agreement_error<dc::testing::fork_in_the_past>(0);
+  INFO(past);
+  CHECK(contains(past, "invalid_argument"));
+  CHECK(contains(past, "agreement policy 'fork_in_the_past' on source 0 broke a rule"));
+  CHECK(contains(past, "k must lie after the last ended iteration"));
+  auto everyone = broken_agreement_error<dc::testing::everyone_decides>(1);
+  INFO(everyone);
+  CHECK(contains(everyone, "agreement policy 'everyone_decides' on source 1 broke a rule: requests_accepted() on source 1: "
+                           "only the coordinator (source 0) decides"));
+  auto unasked = broken_agreement_error<dc::testing::decides_unasked>(0);
+  INFO(unasked);
+  CHECK(contains(unasked, "without every clone rank's request"));
+  auto at_end = broken_agreement_error<dc::testing::untouched_at_end>(0);
+  INFO(at_end);
+  CHECK(contains(at_end, "fork_untouched() outside a trainer collective"));
 }
