@@ -2,10 +2,10 @@
 /// \file holdings.hpp
 /// Partitioned training state (ZeRO, FSDP, tensor and pipeline parallelism): which part of
 /// each tensor of the *global* layout a rank holds or wants, and the pure plan that moves
-/// every wanted byte from a source holding it. This header is the planner only; the
-/// engines do not use it yet (issue 12: partition_groups.hpp groups and packs its
-/// transfers, partition_declaration.hpp is what both sides prove before bytes move; the
-/// engine wiring and failover follow).
+/// every wanted byte from a source holding it, and its failover over the other holders.
+/// This header is the planner only; the engines do not use it yet (issue 12:
+/// partition_groups.hpp groups and packs its transfers, partition_declaration.hpp is what
+/// both sides prove before bytes move; the engine wiring follows).
 ///
 /// A rank declares, per global tensor, a list of parts, each stored densely in the rank's
 /// own tensor from `local_offset` on: all of it (replicated), a flat element range of the
@@ -74,7 +74,11 @@ struct region_transfer {
 
 namespace detail {
 
-inline std::string tensor_label(const layout& l, std::uint32_t t) { return "tensor '" + l.tensor(t).name + "'"; }
+/// "layer.tensor": tensor names repeat across layers ("weight"), so messages name both.
+inline std::string qualified_name(const layout& l, std::size_t t) {
+  return l.layers()[l.layer_of(t)].name + "." + l.tensor(t).name;
+}
+inline std::string tensor_label(const layout& l, std::uint32_t t) { return "tensor '" + qualified_name(l, t) + "'"; }
 
 /// The global shape in elements (a tensor without a shape is one-dimensional).
 inline std::vector<std::uint64_t> global_dims(const tensor_desc& d) {
@@ -166,18 +170,23 @@ inline const byte_run* run_at(const std::vector<byte_run>& runs, std::uint64_t g
   return g < it->global_end() ? &*it : nullptr;
 }
 
-/// Which source sends each byte of tensor t: cut at every source-run boundary; each range
-/// goes to its holders, split evenly (granule-aligned, rotating the remainder) when it has
-/// several. Refuses a byte no source holds, naming the range.
+/// Which source sends each byte of [first, last) of tensor t: cut at every source-run
+/// boundary; each range goes to its holders not `excluded`, split evenly (granule-aligned,
+/// rotating the remainder) when it has several. A range with no such holder goes to
+/// `refuse(begin, end)`, which throws.
 struct assigned_range {
   std::uint64_t begin = 0, end = 0;
   std::uint32_t source = 0;
 };
-inline std::vector<assigned_range> assign_sources(const layout& l, std::uint32_t t, const std::vector<std::vector<byte_run>>& src,
-                                                  std::uint64_t granule_bytes, std::uint64_t& rotate) {
-  std::vector<std::uint64_t> cuts{0, l.tensor(t).bytes};
+template <class Refuse>
+std::vector<assigned_range> assign_sources(std::uint64_t first, std::uint64_t last, const std::vector<std::vector<byte_run>>& src,
+                                           const std::vector<bool>& excluded, std::uint64_t granule_bytes, std::uint64_t& rotate,
+                                           Refuse refuse) {
+  std::vector<std::uint64_t> cuts{first, last};
   for (auto& runs : src)
-    for (auto& r : runs) cuts.insert(cuts.end(), {r.global, r.global_end()});
+    for (auto& r : runs)
+      for (auto c : {r.global, r.global_end()})
+        if (c > first && c < last) cuts.push_back(c);
   std::sort(cuts.begin(), cuts.end());
   cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   std::vector<assigned_range> out;
@@ -185,11 +194,8 @@ inline std::vector<assigned_range> assign_sources(const layout& l, std::uint32_t
     const std::uint64_t b = cuts[i], e = cuts[i + 1];
     std::vector<std::uint32_t> holders;
     for (std::uint32_t s = 0; s < src.size(); ++s)
-      if (run_at(src[s], b)) holders.push_back(s);
-    if (holders.empty())
-      throw error(errc::invalid_argument, "partitioned state: no source holds bytes [" + std::to_string(b) + ", " +
-                                              std::to_string(e) + ") of " + tensor_label(l, t) +
-                                              " (the sources' holdings must cover every byte of the global state)");
+      if (!excluded[s] && run_at(src[s], b)) holders.push_back(s);
+    if (holders.empty()) refuse(b, e);
     const auto parts = split_range(e - b, holders.size(), granule_bytes, rotate);
     rotate += parts.size();
     for (std::size_t k = 0; k < parts.size(); ++k)
@@ -197,6 +203,15 @@ inline std::vector<assigned_range> assign_sources(const layout& l, std::uint32_t
   }
   return out;
 }
+
+/// Every source's runs of tensor t.
+inline std::vector<std::vector<byte_run>> source_runs(const layout& l, std::uint32_t t, const std::vector<holdings>& sources) {
+  std::vector<std::vector<byte_run>> src(sources.size());
+  for (std::uint32_t s = 0; s < sources.size(); ++s) src[s] = rank_runs(l, t, sources[s].of_tensor[t], "source " + std::to_string(s));
+  return src;
+}
+
+inline std::string bytes_label(std::uint64_t b, std::uint64_t e) { return "bytes [" + std::to_string(b) + ", " + std::to_string(e) + ")"; }
 
 }  // namespace detail
 
@@ -219,6 +234,8 @@ class partition_plan {
   }
   friend partition_plan make_partition_plan(const layout&, const std::vector<holdings>&, const std::vector<holdings>&,
                                             std::uint64_t);
+  friend partition_plan make_failover_plan(const layout&, const std::vector<holdings>&, const partition_plan&,
+                                           const std::vector<bool>&, std::uint64_t);
 
  private:
   std::vector<region_transfer> transfers_;
@@ -240,10 +257,14 @@ inline partition_plan make_partition_plan(const layout& global, const std::vecto
   partition_plan p;
   std::uint64_t rotate = 0;
   for (std::uint32_t t = 0; t < global.tensor_count(); ++t) {
-    std::vector<std::vector<byte_run>> src(sources.size());
-    for (std::uint32_t s = 0; s < sources.size(); ++s)
-      src[s] = detail::rank_runs(global, t, sources[s].of_tensor[t], "source " + std::to_string(s));
-    const auto ranges = detail::assign_sources(global, t, src, granule(global.tensor(t), alignment), rotate);
+    const auto src = detail::source_runs(global, t, sources);
+    auto uncovered = [&](std::uint64_t b, std::uint64_t e) {
+      throw error(errc::invalid_argument, "partitioned state: no source holds " + detail::bytes_label(b, e) + " of " +
+                                              detail::tensor_label(global, t) +
+                                              " (the sources' holdings must cover every byte of the global state)");
+    };
+    const auto ranges = detail::assign_sources(0, global.tensor(t).bytes, src, std::vector<bool>(src.size(), false),
+                                               granule(global.tensor(t), alignment), rotate, uncovered);
     const auto layer = static_cast<std::uint32_t>(global.layer_of(t));
     for (std::uint32_t c = 0; c < clones.size(); ++c)
       for (auto& want : detail::rank_runs(global, t, clones[c].of_tensor[t], "clone rank " + std::to_string(c))) {
@@ -257,6 +278,45 @@ inline partition_plan make_partition_plan(const layout& global, const std::vecto
                                   want.local + (b - want.global)});
         }
       }
+  }
+  return p;
+}
+
+/// Failover: `plan` with every transfer of a `failed` source sent instead by the live
+/// sources that hold the same bytes (each range split evenly over them, as in the plan);
+/// the transfers of live sources stay as they were, so what they already sent still counts.
+/// Deterministic: every rank that knows the same failures computes the same plan. Throws
+/// `errc::source_failed` naming the tensor, the bytes, the clone rank and the failed source
+/// where no live source holds a byte a clone rank wants (no replica exists), and
+/// `errc::invalid_argument` for holdings or a failure list of another source count.
+inline partition_plan make_failover_plan(const layout& global, const std::vector<holdings>& sources, const partition_plan& plan,
+                                         const std::vector<bool>& failed, std::uint64_t alignment = 256) {
+  if (failed.size() != sources.size())
+    throw error(errc::invalid_argument, "partitioned failover: a failure list for " + std::to_string(failed.size()) +
+                                            " sources, holdings of " + std::to_string(sources.size()));
+  partition_plan p;
+  std::vector<std::vector<std::vector<byte_run>>> runs(global.tensor_count());  // per tensor, computed when needed
+  std::uint64_t rotate = 0;
+  for (const auto& x : plan.transfers_) {
+    if (x.source >= failed.size() || x.tensor >= global.tensor_count())
+      throw error(errc::invalid_argument, "partitioned failover: a plan for other holdings (source or tensor out of range)");
+    if (!failed[x.source]) {
+      p.transfers_.push_back(x);
+      continue;
+    }
+    if (runs[x.tensor].empty()) runs[x.tensor] = detail::source_runs(global, x.tensor, sources);
+    const auto& src = runs[x.tensor];
+    auto no_replica = [&](std::uint64_t b, std::uint64_t e) {
+      throw error(errc::source_failed, "partitioned state: " + detail::bytes_label(b, e) + " of " + detail::tensor_label(global, x.tensor) +
+                                           ", wanted by clone rank " + std::to_string(x.clone) + ", came from source " +
+                                           std::to_string(x.source) + ", which failed, and no live source holds them (no replica exists)");
+    };
+    for (const auto& r : detail::assign_sources(x.global, x.global + x.length, src, failed, granule(global.tensor(x.tensor), alignment),
+                                                rotate, no_replica)) {
+      const auto* held = detail::run_at(src[r.source], r.begin);
+      p.transfers_.push_back({x.tensor, x.layer, r.begin, r.end - r.begin, r.source, x.clone, held->local + (r.begin - held->global),
+                              x.clone_offset + (r.begin - x.global)});
+    }
   }
   return p;
 }

@@ -61,9 +61,6 @@ struct global_declaration {
 
 namespace detail {
 
-inline std::string qualified_name(const layout& l, std::size_t t) {
-  return l.layers()[l.layer_of(t)].name + "." + l.tensor(t).name;
-}
 inline std::string dims_string(const std::vector<std::uint64_t>& s) {
   std::vector<std::int64_t> v(s.begin(), s.end());
   return shape_string(v);

@@ -203,11 +203,11 @@ TEST_CASE("partition groups: a run outside a tensor is refused, naming it, and n
       CHECK_MESSAGE(std::string(e.what()).find(needle) != std::string::npos, e.what());
     }
   };
-  refused([&] { dc::unpack(lay, runs, wire, to); }, dc::errc::invalid_argument, "clone rank: tensor 'bias': bytes [40, 120) lie outside its own tensor of 100 bytes");
+  refused([&] { dc::unpack(lay, runs, wire, to); }, dc::errc::invalid_argument, "clone rank: tensor 'fc1.bias': bytes [40, 120) lie outside its own tensor of 100 bytes");
   CHECK(dst[1] == std::vector<std::byte>(100, std::byte{0}));  // the first, valid run was not written either
   refused([&] { dc::unpack(lay, runs, std::span(wire).first(119), to); }, dc::errc::corrupt_message, "a packed message of 119 bytes for runs of 120");
   runs[1].source_offset = 250;
-  refused([&] { dc::pack(lay, runs, from, wire); }, dc::errc::invalid_argument, "source: tensor 'bias': bytes [250, 330) lie outside its own tensor of 256 bytes");
+  refused([&] { dc::pack(lay, runs, from, wire); }, dc::errc::invalid_argument, "source: tensor 'fc1.bias': bytes [250, 330) lie outside its own tensor of 256 bytes");
   CHECK(wire == std::vector<std::byte>(120, std::byte{9}));
   refused([&] { dc::pack(lay, runs, from, std::span(wire).first(100)); }, dc::errc::invalid_argument, "a buffer of 100 bytes for runs of 120");
   runs[1] = {9, 0, 0, 8, 0, 0, 0, 0};

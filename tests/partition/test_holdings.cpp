@@ -7,10 +7,12 @@
 
 #include <deepclone/holdings.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "scenarios.hpp"
@@ -22,8 +24,8 @@ namespace {
 
 /// Every byte a clone rank wants arrives exactly once, at the right place, from a source
 /// that holds it at the offset the transfer names; nothing unwanted arrives.
-void check_plan(const dc::partition_plan& p, const dc::layout& lay, const std::vector<dc::holdings>& src,
-                const std::vector<dc::holdings>& dst) {
+void check_transfers(const std::vector<dc::region_transfer>& transfers, const dc::layout& lay, const std::vector<dc::holdings>& src,
+                     const std::vector<dc::holdings>& dst) {
   for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
     CAPTURE(lay.tensor(t).name);
     std::vector<byte_map> held, wanted;
@@ -31,7 +33,7 @@ void check_plan(const dc::partition_plan& p, const dc::layout& lay, const std::v
     for (auto& h : dst) wanted.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
     std::vector<std::map<std::uint64_t, int>> got(dst.size());
     bool ok = true;
-    for (auto& x : p.transfers()) {
+    for (auto& x : transfers) {
       if (x.tensor != t) continue;
       ok = ok && x.layer == lay.layer_of(t) && x.length > 0;
       for (std::uint64_t i = 0; i < x.length && ok; ++i) {
@@ -52,7 +54,128 @@ void check_plan(const dc::partition_plan& p, const dc::layout& lay, const std::v
   }
 }
 
+void check_plan(const dc::partition_plan& p, const dc::layout& lay, const std::vector<dc::holdings>& src,
+                const std::vector<dc::holdings>& dst) {
+  check_transfers(p.transfers(), lay, src, dst);
+}
+
+/// The failover plan keeps every transfer of a live source as it was, sends nothing from a
+/// failed one, and still delivers every wanted byte exactly once from a holder.
+void check_failover(const dc::partition_plan& before, const dc::partition_plan& after, const std::vector<bool>& failed,
+                    const dc::layout& lay, const std::vector<dc::holdings>& src, const std::vector<dc::holdings>& dst) {
+  check_transfers(after.transfers(), lay, src, dst);
+  std::vector<dc::region_transfer> kept_before, kept_after;
+  for (auto& x : before.transfers())
+    if (!failed[x.source]) kept_before.push_back(x);
+  for (auto& x : after.transfers()) {
+    CHECK_MESSAGE(!failed[x.source], "source " << x.source << " failed but still sends");
+    if (!failed[x.source]) kept_after.push_back(x);
+  }
+  auto less = [](const dc::region_transfer& a, const dc::region_transfer& b) {
+    return std::tie(a.tensor, a.clone, a.global, a.source) < std::tie(b.tensor, b.clone, b.global, b.source);
+  };
+  // Every transfer a live source had before is still in the failover plan, unchanged.
+  std::sort(kept_after.begin(), kept_after.end(), less);
+  std::size_t missing = 0;
+  for (auto& x : kept_before) {
+    auto it = std::lower_bound(kept_after.begin(), kept_after.end(), x, less);
+    missing += it == kept_after.end() || !(*it == x);
+  }
+  CHECK_MESSAGE(missing == 0, missing << " transfers of live sources changed or vanished");
+}
+
+/// Whether some byte a clone rank wants, sent by a failed source in `p`, is held by no live source.
+bool lost_without_replica(const dc::partition_plan& p, const std::vector<bool>& failed, const dc::layout& lay,
+                          const std::vector<dc::holdings>& src) {
+  for (auto& x : p.transfers()) {
+    if (!failed[x.source]) continue;
+    for (std::uint64_t i = 0; i < x.length; ++i) {
+      bool held = false;
+      for (std::uint32_t s = 0; s < src.size() && !held; ++s)
+        held = !failed[s] && brute_map(lay.tensor(x.tensor), src[s].of_tensor[x.tensor]).count(x.global + i);
+      if (!held) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+TEST_CASE("partition failover: a failed source's transfers move to its replicas; live sources keep theirs") {
+  const auto [lay, src, dst] = tp2_dp2();  // sources 0,2 and 1,3 are replica twins
+  const auto p = dc::make_partition_plan(lay, src, dst);
+  for (std::uint32_t f = 0; f < 4; ++f) {
+    CAPTURE(f);
+    std::vector<bool> failed(4, false);
+    failed[f] = true;
+    const auto q = dc::make_failover_plan(lay, src, p, failed);
+    check_failover(p, q, failed, lay, src, dst);
+    // The failed source's TP shards come from its replica twin alone; only fc2.bias, held by
+    // all four, is spread over the three live sources. Nothing is sent twice.
+    const auto twin = (f + 2) % 4;
+    std::uint64_t bias = 0, before = 0, after = 0;
+    for (auto& x : p.transfers()) bias += x.source == f && lay.tensor(x.tensor).shape.size() == 1 && x.layer == 1 ? x.length : 0;
+    for (std::uint32_t s = 0; s < 4; ++s) before += p.bytes_sent_by_source(s), after += q.bytes_sent_by_source(s);
+    CHECK(after == before);
+    CHECK(q.bytes_sent_by_source(twin) >= p.bytes_sent_by_source(twin) + p.bytes_sent_by_source(f) - bias);
+  }
+  std::vector<bool> both(4, false);
+  both[0] = both[2] = true;  // a TP shard with neither replica left
+  CHECK_THROWS_WITH_AS(dc::make_failover_plan(lay, src, p, both),
+                       doctest::Contains("fc1.weight"), dc::error);
+}
+
+TEST_CASE("partition failover: ZeRO-1's parameters fail over; a slot partition held once has no replica, named") {
+  const auto [lay, src, dst] = zero1();
+  const auto p = dc::make_partition_plan(lay, src, dst);
+  std::vector<bool> failed(4, false);
+  failed[1] = true;
+  try {
+    (void)dc::make_failover_plan(lay, src, p, failed);
+    FAIL("a slot partition only source 1 holds must be refused");
+  } catch (const dc::error& e) {
+    CHECK(e.code() == dc::errc::source_failed);
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("adam_m") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("source 1") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("no replica") != std::string::npos, what);
+  }
+  // Clones that want only the replicated parameters lose nothing to source 1's failure.
+  std::vector<dc::holdings> params(2, dc::holdings(lay.tensor_count()));
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t)
+    if (!is_slot(lay.tensor(t).name)) params[t % 2].of_tensor[t] = {dc::part::whole()};
+  const auto pp = dc::make_partition_plan(lay, src, params);
+  check_failover(pp, dc::make_failover_plan(lay, src, pp, failed), failed, lay, src, params);
+}
+
+TEST_CASE("partition failover: a failover plan for holdings or a failure list of another size is refused") {
+  const auto [lay, src, dst] = zero1();
+  const auto p = dc::make_partition_plan(lay, src, dst);
+  CHECK_THROWS_WITH_AS(dc::make_failover_plan(lay, src, p, std::vector<bool>(3, false)), doctest::Contains("3 sources"), dc::error);
+}
+
+TEST_CASE("partition failover: randomised holdings and failures, exactly once from a live holder or refused") {
+  std::mt19937_64 rng(21);
+  auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
+  int replanned = 0, refused_rounds = 0;
+  for (int round = 0; round < 80; ++round) {
+    CAPTURE(round);
+    const auto [lay, src, dst] = random_scenario(pick);
+    const auto alignment = 1 + pick(8);
+    const auto p = dc::make_partition_plan(lay, src, dst, alignment);
+    std::vector<bool> failed(src.size(), false);
+    for (auto k = 1 + pick(src.size() - 1); k-- > 0;) failed[pick(src.size())] = true;
+    if (lost_without_replica(p, failed, lay, src)) {
+      ++refused_rounds;
+      CHECK_THROWS_WITH_AS(dc::make_failover_plan(lay, src, p, failed, alignment), doctest::Contains("no replica"), dc::error);
+    } else {
+      ++replanned;
+      check_failover(p, dc::make_failover_plan(lay, src, p, failed, alignment), failed, lay, src, dst);
+    }
+  }
+  CHECK(replanned > 10);  // both outcomes are exercised
+  CHECK(refused_rounds > 10);
+}
 
 TEST_CASE("partition: replicated on both sides is today's case, each source sending about S*M/N") {
   const auto lay = two_layer_model();
@@ -138,7 +261,7 @@ TEST_CASE("partition: holdings that leave a region uncovered are refused, naming
   } catch (const dc::error& e) {
     CHECK(e.kind() == dc::errc::invalid_argument);
     const std::string what = e.what();
-    CHECK_MESSAGE(what.find("'weight.adam_m'") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("'fc1.weight.adam_m'") != std::string::npos, what);
     CHECK_MESSAGE(what.find("bytes [400, 800)") != std::string::npos, what);
   }
 }
@@ -163,7 +286,7 @@ TEST_CASE("partition: parts outside the shape, declared twice, or for another te
   refused({all}, {box_rank}, "a start and a count per dimension");
   auto twice = all;
   twice.of_tensor[1] = {dc::part::flat(0, 40), dc::part::flat(30, 64, 160)};
-  refused({all}, {twice}, "clone rank 0: tensor 'bias': two parts cover the same global bytes");
+  refused({all}, {twice}, "clone rank 0: tensor 'fc1.bias': two parts cover the same global bytes");
   auto alias = all;
   alias.of_tensor[1] = {dc::part::flat(0, 32), dc::part::flat(32, 64, 64)};
   refused({alias}, {all}, "two parts cover the same bytes of its own tensor");
