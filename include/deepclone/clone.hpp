@@ -16,6 +16,8 @@
 
 #include "checksum.hpp"
 #include "detail/clone_transfer.hpp"
+#include "detail/metadata_receive.hpp"
+#include "detail/peer_figures.hpp"
 #include "detail/outbox.hpp"
 #include "detail/replica_digests.hpp"
 #include "detail/wire.hpp"
@@ -33,7 +35,6 @@ class clone_engine {
   using Checksum = typename Engine::checksum_type;
   using Reconstruct = typename Engine::reconstruct_type;
   using settings_t = typename Engine::settings;
-  using request_t = typename Comm::request_type;
 
  public:
   /// Registers this rank as a clone rank that will receive into `state`, whose layout
@@ -158,7 +159,7 @@ class clone_engine {
     r.session = session_;
     r.iteration = k_;
     r.state_bytes = layout_.total_bytes();
-    r.metadata_bytes = meta_.size();
+    r.metadata_bytes = meta_.bytes();
     r.policies = Engine::describe(settings_);
     r.agreement_s = agreement_s_;
     r.readiness_s = readiness_s_;
@@ -168,7 +169,7 @@ class clone_engine {
     r.layer_ready_s.resize(ready_at_.size());
     for (std::size_t l = 0; l < ready_at_.size(); ++l) r.layer_ready_s[l] = *ready_at_[l];
     r.first_layer_s = ready_at_.empty() ? readiness_s_ : r.layer_ready_s[0];
-    add_peer_figures(r);
+    figures_.add_to(r, roles_, my_summary(), [&](std::uint32_t i) { return transfer_.failed(i); });
     return r;
   }
 
@@ -185,32 +186,10 @@ class clone_engine {
     for (;;) {
       idle.mark();
       guarded([&] { return progress(); });
-      bool all = std::all_of(summaries_.begin(), summaries_.end(), [](auto& s) { return s.has_value(); });
-      for (std::size_t i = 0; i < statuses_.size(); ++i) all = all && (statuses_[i] || transfer_.failed(i));
-      if (all || clock::now() >= until) return;
+      if (figures_.all_in([&](std::uint32_t i) { return transfer_.failed(i); }) || clock::now() >= until) return;
       idle.idle(until);
     }
   }
-  /// report(): the figures each source and clone rank sent, missing ones marked so.
-  void add_peer_figures(deepclone::report& r) const {
-    for (std::uint32_t i = 0; i < roles_.source_count(); ++i) {
-      if (!statuses_[i]) {
-        source_figures f;
-        f.rank = roles_.sources[i];
-        f.failed = true;
-        r.sources.push_back(f);
-        continue;
-      }
-      auto& s = *statuses_[i];
-      r.sources.push_back({roles_.sources[i], s.bytes_sent, s.hook_s, s.overhead_s, s.normal_iteration_s, s.fork_iterations,
-                           s.code != 0 || transfer_.failed(i)});
-    }
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j) {
-      summary_msg s = j == index_ ? my_summary() : summaries_[j].value_or(summary_msg{0, j, 0, 0, NAN, NAN, NAN});
-      r.clones.push_back({roles_.clones[j], s.bytes_from_sources, s.bytes_from_clones, s.readiness_s, s.standby_s, s.first_layer_s});
-    }
-  }
-
   enum class phase { idle, requested, refused, receiving, complete, failed };
 
   void check_layer(std::size_t l) const {
@@ -312,7 +291,7 @@ class clone_engine {
     any |= transfer_.progress();
     any |= mark_ready_layers();
     send_acks();
-    if (meta_done_ && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }) &&
+    if (meta_.done() && std::all_of(ready_at_.begin(), ready_at_.end(), [](auto& r) { return r.has_value(); }) &&
         digests_.agree(checksum::fold_pieces(transfer_.sums()), k_, transfer_.failed())) {
       t_complete_ = clock::now();
       readiness_s_ = seconds_since(t_request_, t_complete_);
@@ -374,37 +353,11 @@ class clone_engine {
     source_layout_.post(comm_, roles_.sources[0], settings_.tag_base + tag_layout, layout_msg::size_for(refusal_->layout_bytes));
   }
 
-  /// Metadata: its header (whose length is checked against settings.max_metadata_bytes
-  /// before anything is allocated), then the blob it announces.
+  /// Metadata: the coordinator's header, then the blob (detail::metadata_receive).
   bool progress_metadata() {
-    bool any = false;
-    if (auto b = meta_header_.test(comm_)) {
-      any = true;
-      auto h = decode_or_fail<meta_header>(*b);
-      if (h.session != session_) {  // a stale header of an older session on this tag block
-        meta_header_.post(comm_, roles_.sources[0], tags_.meta_header(), control_bytes);
-        return true;
-      }
-      if (h.iteration != k_)
-        fail(errc::corrupt_message, "metadata header of session " + std::to_string(h.session) + " names iteration " +
-                                        std::to_string(h.iteration) + ", expected " + std::to_string(k_));
-      if (h.bytes > settings_.max_metadata_bytes)
-        fail(errc::corrupt_message, "metadata header announces " + std::to_string(h.bytes) + " bytes, more than settings.max_metadata_bytes (" +
-                                        std::to_string(settings_.max_metadata_bytes) + ")");
-      meta_expect_ = h;
-      meta_.assign(static_cast<std::size_t>(h.bytes), std::byte{0});
-      meta_req_ = comm_.irecv(roles_.sources[0], tags_.meta(), meta_);
-      meta_posted_ = true;
-    }
-    if (meta_posted_ && !meta_done_) {
-      auto n = test_or_garbage(comm_, meta_req_);
-      if (!n) return any;
-      meta_done_ = true;
-      if (*n != meta_.size() || Checksum::compute(meta_) != meta_expect_->checksum)
-        fail(errc::corrupt_message, "metadata of iteration " + std::to_string(k_) + " failed its checksum");
-      state_.metadata() = decode_or_fail<deepclone::metadata>(meta_);
-      return true;
-    }
+    std::optional<deepclone::metadata> m;
+    const bool any = meta_.progress(comm_, m);
+    if (m) state_.metadata() = std::move(*m);
     return any;
   }
 
@@ -500,9 +453,9 @@ class clone_engine {
     posted_.clear();
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t) posted_.push_back(state_.bytes(t));
     reset_transfer();
-    post_peer_receives();
+    figures_.open(comm_, roles_, index_, settings_.tag_base);  // every source's status, every other clone rank's summary
     digests_.open(comm_, roles_.sources, settings_.tag_base, (d.flags & flag_verify_replicas) != 0);
-    meta_header_.post(comm_, roles_.sources[0], tags_.meta_header(), control_bytes);
+    meta_.open(comm_, roles_.sources[0], tags_, session_, k_, settings_.max_metadata_bytes);
     transfer_.open({&plan_, &layout_, index_, session_, k_, tags_, posted_});
   }
 
@@ -512,20 +465,6 @@ class clone_engine {
     ready_at_.assign(L, std::nullopt);
     told_.assign(L, 0);
     unacked_.clear();
-  }
-
-  /// The receives of the figures peers send: every source's status, every other clone
-  /// rank's summary.
-  void post_peer_receives() {
-    statuses_.assign(roles_.source_count(), std::nullopt);
-    status_slots_.resize(roles_.source_count());
-    for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
-      status_slots_[i].post(comm_, roles_.sources[i], settings_.tag_base + tag_status, control_bytes);
-    summaries_.assign(roles_.clone_count(), std::nullopt);
-    summaries_[index_] = summary_msg{};  // our own is built on demand
-    summary_slots_.resize(roles_.clone_count());
-    for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
-      if (j != index_) summary_slots_[j].post(comm_, roles_.clones[j], settings_.tag_base + tag_summary, control_bytes);
   }
 
   /// A peer clone rank gave up: the whole group fails for its reason. After a peer's timeout
@@ -538,27 +477,16 @@ class clone_engine {
     fail(cause, what);
   }
 
+  /// The peers' statuses and summaries; a source's failure is failed over (or, a peer clone
+  /// rank's cancel, fails the whole group).
   bool poll_statuses() {
-    bool any = false;
-    for (std::uint32_t i = 0; i < status_slots_.size(); ++i) {
-      auto s = take_control<status_msg>(comm_, status_slots_[i], session_);
-      if (!s) continue;
-      any = true;
-      statuses_[i] = *s;
+    bool any = figures_.poll(comm_, session_, [&](std::uint32_t i, const status_msg& s) {
       // A source that failed after the clone completed changes nothing: every byte is verified.
-      if (s->code == 0 || phase_ == phase::complete) continue;
-      if (static_cast<errc>(s->code) == errc::cancelled)  // the whole group fails for the peer's reason
-        fail_with_peer(i, *s);
-      transfer_.source_failed(i, s->reason, static_cast<errc>(s->code));
-    }
+      if (s.code == 0 || phase_ == phase::complete) return;
+      if (static_cast<errc>(s.code) == errc::cancelled) fail_with_peer(i, s);  // the whole group fails for the peer's reason
+      transfer_.source_failed(i, s.reason, static_cast<errc>(s.code));
+    });
     any |= digests_.poll(comm_, session_, k_);
-    for (std::uint32_t j = 0; j < summary_slots_.size(); ++j) {
-      if (j == index_) continue;
-      if (auto m = take_control<summary_msg>(comm_, summary_slots_[j], session_)) {
-        any = true;
-        summaries_[j] = *m;
-      }
-    }
     return any;
   }
 
@@ -606,7 +534,7 @@ class clone_engine {
     if (phase_ == phase::refused)
       return "the sources' layout from source rank " + std::to_string(roles_.sources[0]) + " (the request was refused)";
     std::string out = transfer_.missing_groups();
-    if (!meta_done_) out += std::string(out.empty() ? "" : ", ") + "the metadata";
+    if (!meta_.done()) out += std::string(out.empty() ? "" : ", ") + "the metadata";
     for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
       if (digests_.awaited(i) && !transfer_.failed(i))
         out += std::string(out.empty() ? "" : ", ") + "the replica digest of source rank " + std::to_string(roles_.sources[i]);
@@ -638,14 +566,10 @@ class clone_engine {
   /// is written by deepclone.
   void abandon() noexcept {
     transfer_.abandon();
-    if (meta_posted_ && !meta_done_) try { comm_.cancel(meta_req_); } catch (...) {}
-    meta_posted_ = meta_done_ = false;
-    meta_expect_.reset();
-    meta_header_.cancel(comm_);
+    meta_.cancel(comm_);
     decision_.cancel(comm_);
     source_layout_.cancel(comm_);
-    for (auto& s : status_slots_) s.cancel(comm_);
-    for (auto& s : summary_slots_) s.cancel(comm_);
+    figures_.cancel(comm_);
     digests_.cancel(comm_);
     // Control messages (requests, cancels, summaries) are small; give them a moment.
     ctl_.wait_all(comm_, std::chrono::milliseconds(100));
@@ -676,15 +600,10 @@ class clone_engine {
   double agreement_s_ = 0, readiness_s_ = 0, standby_s_ = 0;
 
   outbox<Comm> ctl_;
-  inbox_slot<Comm> decision_, source_layout_, meta_header_;
+  inbox_slot<Comm> decision_, source_layout_;
   std::optional<decision_msg> refusal_;
-  std::vector<std::byte> meta_;
-  std::optional<meta_header> meta_expect_;
-  request_t meta_req_{};
-  bool meta_posted_ = false, meta_done_ = false;
-  std::vector<inbox_slot<Comm>> status_slots_, summary_slots_;
-  std::vector<std::optional<status_msg>> statuses_;
-  std::vector<std::optional<summary_msg>> summaries_;
+  metadata_receive<Comm, Checksum> meta_;  // the sources' metadata of iteration k
+  peer_figures<Comm> figures_;           // every source's status, every other clone rank's summary
   replica_digests<Comm> digests_;        // verify_replicas
   std::vector<std::uint32_t> unacked_;   // ready layers not yet acknowledged to the sources
   std::vector<std::optional<double>> ready_at_;

@@ -1,26 +1,29 @@
 #pragma once
 /// \file source.hpp
-/// The source engine: the hooks a trainer calls around each layer's update, the fork
-/// agreement, and the layer-wise pipeline that sends this source's share of the state
-/// of the fork iteration. Use it through `engine<...>::source` (engine.hpp).
+/// The source engine: the hooks a trainer calls around each layer's update, and the
+/// layer-wise pipeline that sends this source's share of the state of the fork iteration.
+/// The fork agreement's side of it is detail/source_agreement.hpp; one session's transfer
+/// is detail/source_session.hpp. Use it through `engine<...>::source` (engine.hpp).
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
-#include <random>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "agreement.hpp"
 #include "checksum.hpp"
-#include "detail/fork_messages.hpp"
 #include "detail/outbox.hpp"
 #include "detail/session_inbox.hpp"
+#include "detail/source_agreement.hpp"
+#include "detail/source_pipeline_context.hpp"
 #include "detail/source_session.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
@@ -40,7 +43,7 @@ bool pipeline_moves(const P& p, memory_space m) {
 }
 
 template <class Engine, tensor T>
-class source_engine {
+class source_engine : private source_agreement_host, private source_pipeline_host {
   using Comm = typename Engine::comm_type;
   using Pipeline = typename Engine::pipeline_type;
   using Checksum = typename Engine::checksum_type;
@@ -61,11 +64,14 @@ class source_engine {
       throw error(errc::invalid_argument, "rank " + std::to_string(comm_.rank()) + " is not a source in the given roles");
     if (settings_.fork_lead < 1) throw error(errc::invalid_argument, "settings.fork_lead must be at least 1");
     index_ = *idx;
-    fork_msgs_ = fork_messages<Comm>(roles_, index_ == 0, base());
     layout_ = state_.describe();
     plan_ = Engine::make_plan(layout_, roles_, settings_);
     max_epochs_ = epochs_that_fit(comm_, settings_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
-    epochs_ = std::min(max_epochs_, std::max<std::uint32_t>(settings_.tag_epochs, 1));
+    const auto epochs = std::min(max_epochs_, std::max<std::uint32_t>(settings_.tag_epochs, 1));
+    agreement_.emplace(comm_, roles_, index_, layout_, plan_.key(),
+                       source_agreement_params{Agreement::name, Agreement::trainer_collective, settings_.fork_lead, base(), epochs,
+                                               std::chrono::duration_cast<std::chrono::nanoseconds>(settings_.failover_after)},
+                       static_cast<source_agreement_host&>(*this), trailing_);
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
       if (!pipeline_moves(settings_.pipeline, state_.space(t)))
         throw error(errc::unsupported, "tensor '" + layout_.tensor(t).name +
@@ -168,10 +174,7 @@ class source_engine {
     if constexpr (Agreement::trainer_collective)  // should the next collective fork at this iteration,
       if (index_ == 0) fork_meta_ = state_.metadata(), fork_meta_->step = step;  // its metadata as it is now
     if constexpr (!Agreement::trainer_collective)
-      if (!session_) {
-        agreement_context c(*this);
-        settings_.agreement.end_iteration(c, step);
-      }
+      if (!session_) settings_.agreement.end_iteration(*agreement_, step);
     trailing_.poll(comm_);
     trailing_.compact();
   }
@@ -186,8 +189,7 @@ class source_engine {
                                                  "this engine's agreement decides in end_iteration");
     hook_timer t(*this);
     check_outside_update("fork_word()");
-    agreement_context c(*this);
-    word_ = finished_ ? 0 : settings_.agreement.word(c);
+    word_ = finished_ ? 0 : settings_.agreement.word(*agreement_);
     return word_;
   }
   /// Second call: `sum` is the sum of every source's fork_word() of this iteration, the
@@ -205,10 +207,9 @@ class source_engine {
                                               ", whose fork_word() was " + std::to_string(given) +
                                               ": pass the sum of every source's fork_word() of this iteration");
     if (finished_) return;
-    agreement_context c(*this);
-    const bool serving = session_.has_value();
-    settings_.agreement.agreed(c, given, sum);
-    if (session_ && !serving) send_final_layers();
+    const bool was_serving = session_.has_value();
+    settings_.agreement.agreed(*agreement_, given, sum);
+    if (session_ && !was_serving) send_final_layers();
   }
 
   /// Ends this source's participation: an in-flight transfer is completed (or fails with
@@ -216,9 +217,7 @@ class source_engine {
   void finish() {
     if (finished_) return;
     finished_ = true;
-    if (!session_ && index_ != 0 && !Agreement::trainer_collective)
-      if (auto d = fork_msgs_.take_decision(comm_); d && !fork_msgs_.seen(d->session))  // raced with the end of training
-        start_session(*d);
+    if (!session_) agreement_->serve_raced_decision();  // a decision that raced with the end of training
     if (session_) {
       if (!last_step_ || *last_step_ < session_->k)
         fail_session(errc::source_failed, "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
@@ -227,8 +226,7 @@ class source_engine {
       else if (progress_until([&] { return delivered(); }, "outstanding sends were not delivered within the timeout at finish()"))
         complete_session();
     }
-    if (index_ == 0) refuse_pending_requests();
-    fork_msgs_.cancel(comm_);
+    agreement_->stop();
     trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(settings_.timeout, std::chrono::seconds(1)));
     trailing_.clear(comm_);
   }
@@ -255,87 +253,6 @@ class source_engine {
  private:
   using session = source_session<Comm>;
 
-  /// What the engine offers the pipeline policy (pipeline::context), over the session in flight.
-  class pipeline_context final : public pipeline::context {
-   public:
-    explicit pipeline_context(source_engine& e) : e_(e) {}
-    std::size_t layers() const override { return e_.layout_.layer_count(); }
-    std::uint64_t fork_iteration() const override { return in_session("fork_iteration").k; }
-    bool fork_iteration_ended() const override { return e_.last_step_ && *e_.last_step_ >= in_session("fork_iteration_ended").k; }
-    bool active() const override { return e_.session_.has_value(); }
-    std::uint64_t bytes_of_source() const override { return e_.plan_.bytes_of_source(e_.index_); }
-    std::span<std::byte> memory() override { return e_.pipeline_mem_; }
-    std::vector<outgoing> pieces(std::size_t l) override { return e_.outgoing_of(layer(l, "pieces")); }
-    void summed(std::uint32_t pi, std::span<const std::byte> bytes) override {
-      auto& s = in_session("summed");
-      s.piece_sums[piece(pi, "summed")] = Checksum::compute(bytes);
-      s.summed[pi] = 1;
-    }
-    request post(const data_send& d) override {
-      in_session("post");
-      auto& p = e_.plan_.pieces()[piece(d.piece, "post")];
-      if (p.layer != layer(d.layer, "post"))
-        e_.pipeline_broke_rule("context::post: piece " + std::to_string(d.piece) + " belongs to layer " +
-                               std::to_string(p.layer) + ", not to layer " + std::to_string(d.layer));
-      clone(d.to, "post");
-      return e_.session_->post_data(e_.comm_, d.layer, d.to, d.bytes);
-    }
-    void send_headers(std::size_t l) override {
-      in_session("send_headers");
-      e_.session_->send_headers(e_.comm_, layer(l, "send_headers"));
-    }
-    bool done(request r) override { return in_session("done").out.done(e_.comm_, r); }
-    bool sends_done(std::size_t l) override {
-      auto& s = in_session("sends_done");
-      return s.sends_done(e_.comm_, s.layer_reqs[layer(l, "sends_done")]);
-    }
-    bool refetches_done(std::size_t l) override {
-      auto& s = in_session("refetches_done");
-      return s.sends_done(e_.comm_, s.refetch_reqs[layer(l, "refetches_done")]);
-    }
-    bool verified(std::size_t l) const override {
-      return in_session("verified").verified(layer(l, "verified"));
-    }
-    bool verified_by(std::size_t l, std::uint32_t j) const override {
-      return in_session("verified_by").acked[clone(j, "verified_by")][layer(l, "verified_by")] != 0;
-    }
-    bool released(std::size_t l) const override { return in_session("released").released[layer(l, "released")]; }
-    bool delivered() override {
-      in_session("delivered");
-      return e_.delivered();
-    }
-    bool wait_until(const std::function<bool()>& done, const std::string& what) override { return e_.progress_until(done, what); }
-    using pipeline::context::done;
-
-   private:
-    /// The session in flight; a pipeline that calls on after it ended breaks the context's rule.
-    session& in_session(const char* call) const {
-      if (!e_.session_)
-        e_.pipeline_broke_rule(std::string("context::") + call + " after the session ended (a pipeline checks active() after "
-                                                                 "every call that may end it, and returns at once when it is false)");
-      return *e_.session_;
-    }
-    std::size_t layer(std::size_t l, const char* call) const {
-      if (l >= e_.layout_.layer_count())
-        e_.pipeline_broke_rule(std::string("context::") + call + ": layer " + std::to_string(l) + ", but the state has " +
-                               std::to_string(e_.layout_.layer_count()) + " layers");
-      return l;
-    }
-    std::uint32_t piece(std::uint32_t pi, const char* call) const {
-      if (pi >= e_.plan_.pieces().size())
-        e_.pipeline_broke_rule(std::string("context::") + call + ": piece " + std::to_string(pi) + ", but the plan has " +
-                               std::to_string(e_.plan_.pieces().size()) + " pieces");
-      return pi;
-    }
-    std::uint32_t clone(std::uint32_t j, const char* call) const {
-      if (j >= e_.roles_.clone_count())
-        e_.pipeline_broke_rule(std::string("context::") + call + ": clone index " + std::to_string(j) + ", but there are " +
-                               std::to_string(e_.roles_.clone_count()) + " clone ranks");
-      return j;
-    }
-    source_engine& e_;
-  };
-
   /// Adds the time spent in a hook to the session in flight.
   struct hook_timer {
     explicit hook_timer(source_engine& e) : e_(e), t0_(clock::now()) {}
@@ -350,9 +267,15 @@ class source_engine {
     clock::time_point t0_;
   };
 
+  // ---- the engine as the pipeline's context sees it (source_pipeline_host) ----
+
+  std::vector<pipeline::context::outgoing> pieces_of(std::size_t l) override { return outgoing_of(l); }
+  std::uint64_t checksum_of(std::span<const std::byte> bytes) const override { return Checksum::compute(bytes); }
+  bool progress_while_waiting(const std::function<bool()>& done, const std::string& what) override { return progress_until(done, what); }
+  bool session_delivered() override { return delivered(); }
   /// The pipeline policy called the context against its rules (pipeline.hpp): the session
   /// fails (the clone ranks learn why at once) and the hook that called the pipeline throws.
-  [[noreturn]] void pipeline_broke_rule(const std::string& what) {
+  [[noreturn]] void pipeline_broke_rule(const std::string& what) override {
     const auto why = "pipeline policy '" + std::string(Pipeline::name) + "' on source " + std::to_string(index_) + " broke a rule: " + what;
     fail_session(errc::invalid_argument, why);
     throw error(errc::invalid_argument, why);
@@ -367,193 +290,35 @@ class source_engine {
   int base() const { return settings_.tag_base; }
 
   void post_control() {
-    if (!finished_) fork_msgs_.post(comm_);
+    if (!finished_) agreement_->post();
   }
-
-  /// What the engine offers the agreement policy (agreement::context); the policy decides
-  /// when, the engine does the messaging. Each call checks the rule it depends on.
-  class agreement_context final : public agreement::context {
-   public:
-    explicit agreement_context(source_engine& e) : e_(e) {}
-    bool coordinator() const override { return e_.index_ == 0; }
-    std::uint32_t source_index() const override { return e_.index_; }
-    std::optional<std::uint64_t> last_iteration() const override { return e_.last_step_; }
-    bool serving() const override { return e_.session_.has_value(); }
-    std::uint64_t fork_lead() const override { return e_.settings_.fork_lead; }
-    bool requests_accepted() override {
-      may_decide("requests_accepted()", false);
-      e_.fork_msgs_.take_requests(e_.comm_);
-      return e_.accepted_requests();
-    }
-    void fork_at(std::uint64_t k) override {
-      may_decide("fork_at()", true);
-      if (k <= *e_.last_step_)
-        e_.agreement_broke_rule("fork_at(" + std::to_string(k) + ") after end_iteration(" + std::to_string(*e_.last_step_) +
-                                "): k must lie after the last ended iteration");
-      e_.fork_at(k);
-    }
-    void follow(std::uint64_t step) override {
-      may_follow("follow()");
-      e_.follow(step);
-    }
-    void fork_untouched() override {
-      in_collective("fork_untouched()");
-      may_decide("fork_untouched()", true);
-      e_.fork_untouched();
-    }
-    void join_untouched() override {
-      in_collective("join_untouched()");
-      may_follow("join_untouched()");
-      e_.join_untouched();
-    }
-
-   private:
-    /// The coordinator decides, once per fork, with every request in hand and accepted.
-    void may_decide(const char* call, bool needs_requests) const {
-      if (e_.index_ != 0) e_.agreement_broke_rule(std::string(call) + " on source " + std::to_string(e_.index_) + ": only the coordinator (source 0) decides");
-      if (e_.session_) e_.agreement_broke_rule(std::string(call) + " while a clone is served (check serving())");
-      if (!e_.last_step_) e_.agreement_broke_rule(std::string(call) + " before the first end_iteration");
-      if (needs_requests && !e_.fork_msgs_.all_requested())
-        e_.agreement_broke_rule(std::string(call) + " without every clone rank's request (decide only when requests_accepted() is true)");
-    }
-    /// The untouched iteration is the same on every source only at the trainer's collective,
-    /// where all of them stand between the same two iterations.
-    void in_collective(const char* call) const {
-      if constexpr (!Agreement::trainer_collective)
-        e_.agreement_broke_rule(std::string(call) + " outside a trainer collective: the sources are in step only there "
-                                                    "(use it in agreed() of a trainer_collective policy; fork_at()/follow() elsewhere)");
-    }
-    void may_follow(const char* call) const {
-      if (e_.index_ == 0) e_.agreement_broke_rule(std::string(call) + " on the coordinator (source 0): it decides, the others follow");
-      if (e_.session_) e_.agreement_broke_rule(std::string(call) + " while a clone is served (check serving())");
-      if (!e_.last_step_) e_.agreement_broke_rule(std::string(call) + " before the first end_iteration");
-    }
-    source_engine& e_;
-  };
-  [[noreturn]] void agreement_broke_rule(const std::string& what) const {
-    throw error(errc::invalid_argument,
-                "agreement policy '" + std::string(Agreement::name) + "' on source " + std::to_string(index_) + " broke a rule: " + what);
-  }
-
-  /// Other sources: the coordinator's decision, if it arrived, is served when its k lies
-  /// after `step`, refused as late otherwise.
-  void follow(std::uint64_t step) {
-    auto d = fork_msgs_.take_decision(comm_);
-    if (!d) return;
-    if (fork_msgs_.seen(d->session)) {  // a duplicate of a decision served before
-      post_control();
-      return;
-    }
-    if (d->iteration <= step) {
-      refuse_late_decision(*d, "only at the end of iteration " + std::to_string(step) + "; raise settings.fork_lead");
-      return;
-    }
-    start_session(*d);
-  }
-
-  /// Coordinator: true when every clone rank's request is in hand and matches this
-  /// source's layout and plan; a mismatch is refused (every clone rank is told).
-  bool accepted_requests() {
-    if (!fork_msgs_.all_requested()) return false;
-    decision_msg d;
-    d.key = plan_.key();
-    auto& got = fork_msgs_.requests();
-    for (std::uint32_t j = 0; j < got.size(); ++j) {
-      if (got[j]->layout_fingerprint != layout_.fingerprint()) d.status = verdict::layout_differs;
-      else if (!(got[j]->key == plan_.key())) d.status = verdict::plan_differs;
-      else continue;
-      refuse(d, j);
-      return false;
-    }
-    return true;
-  }
-
-  /// Coordinator: decides to fork at iteration `k` and tells the other sources and every clone rank.
-  void fork_at(std::uint64_t k) {
-    decision_msg d;
-    d.key = plan_.key();
-    d.session = session_base_ + ++served_;
-    d.epoch = static_cast<std::uint32_t>((served_ - 1) % epochs_);
-    d.iteration = k;
-    for (auto& g : fork_msgs_.requests()) d.flags |= g->flags;
-    for (std::uint32_t i = 1; i < roles_.source_count(); ++i)
-      trailing_.send_owned(comm_, roles_.sources[i], base() + tag_decision, d.encode());
-    fork_msgs_.answer(comm_, trailing_, d);
-    start_session(d);
-  }
-
-  /// A decision this source can no longer serve (iteration k is past): the clone ranks are
-  /// told, and fail cleanly.
-  void refuse_late_decision(const decision_msg& d, const std::string& when) {
-    fork_msgs_.remember(d.session);
-    status_msg m;
-    m.session = d.session;
-    m.source_index = index_;
-    m.code = static_cast<std::uint32_t>(errc::fork_agreement);
-    m.reason = "source " + std::to_string(index_) + " (rank " + std::to_string(comm_.rank()) +
-               ") received the decision to fork at iteration " + std::to_string(d.iteration) + " " + when;
-    for (int c : roles_.clones) trailing_.send_owned(comm_, c, base() + tag_status, m.encode());
-    last_error_ = failure{errc::fork_agreement, m.reason};
-    ++failed_;
-    post_control();
-  }
-
-  // ---- trainer-collective agreements ----
 
   void check_outside_update(const char* call) const {
     if (open_ >= 0)
       throw error(errc::hook_order, std::string(call) + " while layer " + std::to_string(open_) +
                                         " is being updated: call it outside a layer's before_update/after_update");
   }
+
+  // ---- the engine as the agreement sees it (source_agreement_host) ----
+
+  bool serving() const override { return session_.has_value(); }
+  std::optional<std::uint64_t> last_iteration() const override { return last_step_; }
+  void fork_failed(failure f) override {
+    last_error_ = std::move(f);
+    ++failed_;
+  }
+  void request_refused(failure f) override {
+    last_error_ = std::move(f);
+    ++refused_;
+  }
   /// The newest iteration whose layers are all untouched: the one that ended last, unless
   /// a layer was already updated in the one in progress.
-  std::uint64_t untouched_iteration() const {
+  std::uint64_t untouched_iteration() const override {
     for (auto u : updated_)
       if (u == generation_) return *last_step_ + 1;
     return *last_step_;
   }
-  /// Coordinator: every source agreed; fork at the newest untouched iteration.
-  void fork_untouched() {
-    const auto k = untouched_iteration();
-    if (k == *last_step_) meta_to_send_ = fork_meta_;  // taken at end_iteration(k)
-    fork_at(k);
-  }
-  /// Other sources: the coordinator's decision follows the collective at once; wait for
-  /// it (at most settings.failover_after: the clone fails over if it never comes).
-  void join_untouched() {
-    auto d = await_decision();
-    if (!d) {
-      last_error_ = failure{errc::timeout, "source " + std::to_string(index_) + ": the collective agreed to fork, but the "
-                                           "coordinator's decision did not arrive within settings.failover_after"};
-      ++failed_;
-      return;
-    }
-    const bool servable = d->iteration == *last_step_ + 1 || (d->iteration == *last_step_ && untouched_iteration() == *last_step_);
-    if (!servable) {
-      refuse_late_decision(*d, "after the collective of iteration " + std::to_string(*last_step_ + 1) +
-                                   ", when its layers were no longer untouched here (the sources' hooks differ)");
-      return;
-    }
-    start_session(*d);
-  }
-  /// The decision for the fork agreed now; a late decision of an earlier fork (one this
-  /// source gave up waiting for) is skipped.
-  std::optional<decision_msg> await_decision() {
-    idler<Comm> idle(comm_);
-    const auto deadline = clock::now() + settings_.failover_after;
-    for (;;) {
-      idle.mark();
-      if (auto d = fork_msgs_.take_decision(comm_)) {
-        post_control();
-        if (d->status != verdict::accepted || fork_msgs_.seen(d->session)) continue;
-        if (d->iteration >= *last_step_) return d;
-        fork_msgs_.remember(d->session);  // a decision of an earlier fork that came after this source gave up on it
-        continue;
-      }
-      if (clock::now() >= deadline) return std::nullopt;
-      idle.idle(deadline);
-    }
-  }
+
   /// A session agreed in the collective: the layers already final in k leave at once
   /// (every layer when k is the iteration that ended last), with k's metadata then.
   void send_final_layers() {
@@ -565,36 +330,10 @@ class source_engine {
     if (session_) pipeline_fork_iteration_ended();
   }
 
-  /// Coordinator: a clone rank's layout or plan differs; every clone rank is told, with
-  /// the sources' layout so that it can name the difference.
-  void refuse(decision_msg d, std::uint32_t offender) {
-    auto lay = layout_.encode();
-    d.layout_bytes = lay.size();
-    d.offending_clone = offender;
-    fork_msgs_.send_layout(comm_, trailing_, lay);
-    const bool layout = d.status == verdict::layout_differs;
-    last_error_ = failure{layout ? errc::layout_mismatch : errc::plan_mismatch,
-                          "refused the request of clone rank " + std::to_string(roles_.clones[offender]) + ": its " +
-                              (layout ? "layout" : "plan settings") + " differ from the sources'"};
-    ++refused_;
-    fork_msgs_.answer(comm_, trailing_, d);
-  }
-
-  /// At finish(): clone ranks whose request already arrived learn at once that no fork will
-  /// come (instead of waiting for their timeout).
-  void refuse_pending_requests() {
-    fork_msgs_.take_requests(comm_);
-    decision_msg d;
-    d.status = verdict::stopped;
-    d.iteration = last_step_ ? *last_step_ : 0;
-    d.key = plan_.key();
-    fork_msgs_.answer(comm_, trailing_, d);
-  }
-
   /// Serves the decided session `d`: its bookkeeping and receives, the pipeline's begin,
   /// then the messages of it that clone ranks sent before this source got here.
-  void start_session(const decision_msg& d) {
-    fork_msgs_.remember(d.session);
+  void serve(const decision_msg& d) override {
+    if (index_ == 0 && last_step_ && d.iteration == *last_step_) meta_to_send_ = fork_meta_;  // taken at end_iteration(k)
     open_session(d);
     auto early = inbox_.open(comm_, roles_.clones, base(), d.session);  // arrived while the previous one was in flight
     if (!servable(d)) return;
@@ -891,7 +630,6 @@ class source_engine {
   /// withdraw it can still read it (`unwithdrawn_sends_`): it then outlives the engine
   /// (`retained_buffers`).
   std::vector<std::byte> pipeline_mem_;
-  pipeline_context pipe_ctx_{*this};
   typename session::bytes_of_k_fn bytes_of_k_ = [this](std::uint32_t pi) { return bytes_of_k(pi); };
   bool unwithdrawn_sends_ = false;
   std::vector<std::uint32_t> acks_needed_;  // clone ranks that receive something of each layer
@@ -901,22 +639,21 @@ class source_engine {
   std::optional<clock::time_point> last_end_;
   std::deque<double> normal_;
   std::optional<session> session_;
-  fork_messages<Comm> fork_msgs_;                 // the fork agreement's requests and decisions
+  std::optional<source_agreement<Comm>> agreement_;  // the fork agreement (made once layout and plan are known)
   outbox<Comm> trailing_;                         // control messages outliving sessions
   session_inbox<Comm> inbox_;                     // cancels, acknowledgements, refetches from clone ranks
-  std::uint64_t served_ = 0, completed_ = 0, failed_ = 0, refused_ = 0;
-  std::uint32_t max_epochs_ = 1, epochs_ = 1;     // tag blocks that fit / that sessions rotate over
+  std::uint64_t completed_ = 0, failed_ = 0, refused_ = 0;
+  std::uint32_t max_epochs_ = 1;                  // tag blocks that fit the communicator's tags
   std::vector<std::optional<std::uint64_t>> written_sums_;  // check_writes: tensor sums at after_update
-  /// Session ids are unique across source engines (and processes), so that a stale message
-  /// of an earlier engine on the same ranks is never taken for one of this engine's.
-  std::uint64_t session_base_ = (std::uint64_t{std::random_device{}()} << 32) ^
-                                static_cast<std::uint64_t>(clock::now().time_since_epoch().count() & 0xffff0000);
   std::optional<failure> last_error_;
   bool finished_ = false;
   // agreement::collective
   std::uint64_t word_ = 0;                   // this iteration's fork_word()
   std::optional<metadata> fork_meta_;        // coordinator: metadata as of the last end_iteration
   std::optional<metadata> meta_to_send_;     // coordinator: ... of the session's k, when k had ended at the fork
+  /// What the pipeline policy is offered; declared last, after every member it refers to.
+  source_pipeline_context<Comm> pipe_ctx_{comm_, layout_, plan_, roles_, index_, session_, last_step_, pipeline_mem_,
+                                          static_cast<source_pipeline_host&>(*this)};
 };
 
 }  // namespace deepclone::detail
