@@ -6,6 +6,8 @@
 //          [--model bert_large] [--scale 0.125] [--sources 4] [--clones 2] [--iteration 0.5]
 //          [--rounds 3] [--link-gbs 1] [--storage-gbs 2] [--out DIR] [--only a,b,...] [--quick]
 //          [--no-emulated] [--poll-interval-ms X (settings.poll_interval; default: the engine's)]
+//          [--progress-us X (deepclone::mpi::options::progress_interval: a progress thread that
+//           moves deepclone's sends between hooks; needs MPI_THREAD_MULTIPLE; default 0: none)]
 //
 // Strategies (every one forks the same replicas, with the same request protocol: clone
 // ranks ask at a fixed time from the run's start; the stop-the-world peers learn of it
@@ -505,7 +507,8 @@ json compose(ctx& c, const strategy& s, const json& locals, double disk_w, doubl
   rec["agreement"] = s.agreement;
   rec["link"] = c.link_name;
   rec["trainer"] = "wait";
-  rec["transport"] = "mpi";
+  rec["transport"] = c.cfg.progress_us > 0 ? "mpi+progress_thread" : "mpi";
+  rec["progress_us"] = c.cfg.progress_us;
   rec["sources"] = c.N;
   rec["clones"] = c.M;
   const double S = static_cast<double>(c.lay.total_bytes());
@@ -730,7 +733,9 @@ std::string cell(const stat3& s, int p = 3) {
 int main(int argc, char** argv) {
   using namespace bench;
   using namespace bench::mpi;
-  boost::mpi::environment env(argc, argv, boost::mpi::threading::funneled);
+  // A progress thread calls MPI beside the trainer's thread: that needs MPI_THREAD_MULTIPLE.
+  const bool progress_thread = std::any_of(argv + 1, argv + argc, [](const char* a) { return std::string(a) == "--progress-us"; });
+  boost::mpi::environment env(argc, argv, progress_thread ? boost::mpi::threading::multiple : boost::mpi::threading::funneled);
   ctx c;
   auto& cfg = c.cfg;
   cfg.models_dir = DEEPCLONE_MODELS_DIR;
@@ -759,6 +764,7 @@ int main(int argc, char** argv) {
     else if (a == "--quick") cfg.quick = true;
     else if (a == "--no-emulated") cfg.emulated = false;
     else if (a == "--poll-interval-ms") cfg.poll_interval_ms = std::stod(next());
+    else if (a == "--progress-us") cfg.progress_us = std::stod(next());
     else {
       std::cerr << "unknown option " << a << "\n";
       return 2;
@@ -777,7 +783,9 @@ int main(int argc, char** argv) {
   c.roles = deepclone::roles::contiguous(c.N, c.M);
   MPI_Comm_split(MPI_COMM_WORLD, c.is_source() ? 0 : MPI_UNDEFINED, c.rank, &c.sources);
   MPI_Comm_split(MPI_COMM_WORLD, c.rank == 0 || !c.is_source() ? 0 : MPI_UNDEFINED, c.rank, &c.root_clones);
-  c.base.emplace(MPI_COMM_WORLD);
+  deepclone::mpi::options mo;
+  mo.progress_interval = std::chrono::microseconds(static_cast<long>(cfg.progress_us));
+  c.base.emplace(MPI_COMM_WORLD, mo);
   // Shared-memory link fabrics (one node): created by rank 0, attached by the others.
   std::int64_t job = c.rank == 0 ? static_cast<std::int64_t>(::getpid()) : 0;
   MPI_Bcast(&job, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);

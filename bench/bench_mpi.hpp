@@ -7,6 +7,7 @@
 #include <deepclone/integrations/boost_mpi.hpp>
 #include <deepclone/integrations/json.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <optional>
 
@@ -35,6 +36,7 @@ struct mpi_config : config {
   std::string results_name = "results.jsonl";
   bool emulated = true;      // also run with emulated links
   double poll_interval_ms = -1;  // the engines' settings.poll_interval; < 0: the engine's default
+  double progress_us = 0;        // deepclone::mpi::options::progress_interval; 0: no progress thread
 };
 
 struct ctx {
