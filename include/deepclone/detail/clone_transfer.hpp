@@ -66,13 +66,13 @@ class clone_transfer {
 
   /// Starts the session's transfer: empty bookkeeping, every receive of the plan posted.
   void open(session_info s) {
-    s_ = std::move(s);
-    const std::size_t L = s_.layout->layer_count(), G = plan().groups().size();
+    current_ = std::move(s);
+    const std::size_t L = current_.layout->layer_count(), G = plan().groups().size();
     pending_.assign(L, 0);
     fwd_posted_.assign(G, false);
     fwd_waits_.assign(G, 0);
     for (std::size_t l = 0; l < L; ++l)
-      for (auto g : plan().forwarded_by_clone(s_.index, l)) fwd_waits_[g] = plan().awaits(g).size();
+      for (auto g : plan().forwarded_by_clone(current_.index, l)) fwd_waits_[g] = plan().awaits(g).size();
     fwd_of_.assign(L, {});
     sums_.assign(plan().pieces().size(), 0);
     from_sources_ = from_clones_ = 0;
@@ -173,14 +173,14 @@ class clone_transfer {
     bool verified = false;
   };
 
-  const deepclone::plan& plan() const { return *s_.plan; }
-  std::span<std::byte> bytes_of(const piece& p) const { return s_.tensors[p.tensor].subspan(p.offset, p.length); }
+  const deepclone::plan& plan() const { return *current_.plan; }
+  std::span<std::byte> bytes_of(const piece& p) const { return current_.tensors[p.tensor].subspan(p.offset, p.length); }
 
   std::optional<std::size_t> test_or_garbage(request_t& r) { return detail::test_or_garbage(comm_, r); }
 
   /// Every receive of the plan, posted up front straight into the clone's tensors.
   void post_plan_receives() {
-    auto mine = plan().received_by_clone(s_.index);
+    auto mine = plan().received_by_clone(current_.index);
     inbound_.clear();
     inbound_.reserve(mine.size());
     for (auto g : mine) {
@@ -200,12 +200,12 @@ class clone_transfer {
     auto& g = plan().groups()[in.group];
     in.header.assign(group_header::size_for(g.pieces.size()), std::byte{0});
     in.header_done = false;
-    in.header_req = comm_.irecv(from, refetch ? s_.tags.refetch_header() : s_.tags.layer(g.layer, forwarded, true), in.header);
+    in.header_req = comm_.irecv(from, refetch ? current_.tags.refetch_header() : current_.tags.layer(g.layer, forwarded, true), in.header);
     in.data.clear();
     in.data_done = 0;
     in.data_posted = !refetch;
     if (!refetch)
-      for (auto pi : g.pieces) in.data.push_back(comm_.irecv(from, s_.tags.layer(g.layer, forwarded, false), bytes_of(plan().pieces()[pi])));
+      for (auto pi : g.pieces) in.data.push_back(comm_.irecv(from, current_.tags.layer(g.layer, forwarded, false), bytes_of(plan().pieces()[pi])));
     in.done.assign(in.data.size(), false);
   }
   /// A refetch's data receives are posted once its header announced the group's pieces: a
@@ -216,12 +216,12 @@ class clone_transfer {
     auto& g = plan().groups()[in.group];
     try {
       auto h = group_header::decode(in.header);
-      if (h.session != s_.session || h.refused != refusal::none || h.pieces.size() != g.pieces.size()) return;
+      if (h.session != current_.session || h.refused != refusal::none || h.pieces.size() != g.pieces.size()) return;
     } catch (const error&) {
       return;  // verification names the problem
     }
     for (auto pi : g.pieces)
-      in.data.push_back(comm_.irecv(roles_.sources[in.refetch_from], s_.tags.refetch_data(), bytes_of(plan().pieces()[pi])));
+      in.data.push_back(comm_.irecv(roles_.sources[in.refetch_from], current_.tags.refetch_data(), bytes_of(plan().pieces()[pi])));
     in.done.assign(in.data.size(), false);
   }
 
@@ -253,7 +253,7 @@ class clone_transfer {
     auto& g = plan().groups()[in.group];
     const bool refetched = in.refetch_from != original;
     if (auto problem = check(in)) {
-      refetch(in, "layer " + std::to_string(g.layer) + " ('" + s_.layout->layers()[g.layer].name + "') from " + sender_name(in) + ": " + *problem,
+      refetch(in, "layer " + std::to_string(g.layer) + " ('" + current_.layout->layers()[g.layer].name + "') from " + sender_name(in) + ": " + *problem,
               errc::corrupt_message);
       return;
     }
@@ -289,17 +289,17 @@ class clone_transfer {
     auto& g = plan().groups()[in.group];
     const bool refetched = in.refetch_from != original;
     const std::uint32_t from = refetched ? in.refetch_from : g.from;
-    if (h.refused == refusal::changed && h.session == s_.session && h.refused_tensor < s_.layout->tensor_count())
+    if (h.refused == refusal::changed && h.session == current_.session && h.refused_tensor < current_.layout->tensor_count())
       throw error(errc::outside_hooks, "source " + std::to_string(from) + " (rank " + std::to_string(roles_.sources[from]) + ") could not " +
                                            "serve tensor '" + tensor_name(h.refused_tensor) + "' again: it no longer holds what it held at "
-                                           "iteration " + std::to_string(s_.k) + ", so it was written outside its layer's update hooks (only "
+                                           "iteration " + std::to_string(current_.k) + ", so it was written outside its layer's update hooks (only "
                                            "the code between a layer's before_update and after_update may write its tensors)");
     if (refetched && h.refused == refusal::released)
-      return "source " + std::to_string(from) + " no longer holds iteration " + std::to_string(s_.k) + " of this layer";
-    if (h.session != s_.session || h.iteration != s_.k || h.layer != g.layer || h.from != from || h.pieces.size() != g.pieces.size())
+      return "source " + std::to_string(from) + " no longer holds iteration " + std::to_string(current_.k) + " of this layer";
+    if (h.session != current_.session || h.iteration != current_.k || h.layer != g.layer || h.from != from || h.pieces.size() != g.pieces.size())
       return "header names session " + std::to_string(h.session) + ", iteration " + std::to_string(h.iteration) + ", layer " +
              std::to_string(h.layer) + ", " + std::to_string(h.pieces.size()) + " pieces; expected session " +
-             std::to_string(s_.session) + ", iteration " + std::to_string(s_.k) + ", " + std::to_string(g.pieces.size()) + " pieces";
+             std::to_string(current_.session) + ", iteration " + std::to_string(current_.k) + ", " + std::to_string(g.pieces.size()) + " pieces";
     for (std::size_t i = 0; i < g.pieces.size(); ++i) {
       auto& p = plan().pieces()[g.pieces[i]];
       if (h.pieces[i].tensor != p.tensor || h.pieces[i].offset != p.offset || h.pieces[i].length != p.length)
@@ -315,10 +315,10 @@ class clone_transfer {
     for (std::size_t i = 0; i < g.pieces.size(); ++i) {
       auto& p = plan().pieces()[g.pieces[i]];
       auto sum = Checksum::compute(std::span<const std::byte>(bytes_of(p)));
-      if (sum != h.pieces[i].checksum) return range_name(p) + " failed its checksum at iteration " + std::to_string(s_.k);
+      if (sum != h.pieces[i].checksum) return range_name(p) + " failed its checksum at iteration " + std::to_string(current_.k);
       if (refetched && !in.expected.empty() && sum != in.expected[i])
         throw error(errc::outside_hooks, range_name(p) + " served again by source " + std::to_string(in.refetch_from) + " differs from what source " +
-                                             std::to_string(g.from) + " sent for iteration " + std::to_string(s_.k) + ": the tensor was written "
+                                             std::to_string(g.from) + " sent for iteration " + std::to_string(current_.k) + ": the tensor was written "
                                              "outside its layer's update hooks (only the code between a layer's before_update and "
                                              "after_update may write its tensors; settings.check_writes on the sources finds the write), "
                                              "or the sources' replicas differ");
@@ -328,7 +328,7 @@ class clone_transfer {
   }
 
   std::string tensor_name(std::size_t t) const {
-    auto& l = *s_.layout;
+    auto& l = *current_.layout;
     return l.layers()[l.layer_of(t)].name + "." + l.tensor(t).name;
   }
   std::string range_name(const piece& p) const {
@@ -355,7 +355,7 @@ class clone_transfer {
   std::optional<std::uint32_t> next_source(const inbound& in) const {
     auto& g = plan().groups()[in.group];
     const std::uint32_t n = roles_.source_count();
-    const std::uint32_t first = g.exchange ? s_.index % n : (g.from + 1) % n;
+    const std::uint32_t first = g.exchange ? current_.index % n : (g.from + 1) % n;
     for (char limit = 1; limit <= 2; ++limit)
       for (std::uint32_t i = 0; i < n; ++i) {
         auto s = (first + i) % n;
@@ -371,7 +371,7 @@ class clone_transfer {
     withdraw(in);
     auto next = next_source(in);
     if (!next) throw error(code, why + "; no other source could deliver it (tried " + std::to_string(roles_.source_count()) + ")");
-    refetch_msg m{s_.session, s_.index, in.group};
+    refetch_msg m{current_.session, current_.index, in.group};
     ctl_.send_owned(comm_, roles_.sources[*next], tag_base_ + tag_refetch, m.encode());
     in.refetch_from = *next;
     in.short_piece = false;
@@ -392,7 +392,7 @@ class clone_transfer {
   /// reconstruction policy's topology, in plan.hpp). True once all of them are posted.
   bool post_forwards(std::size_t l) {
     bool all = true;
-    for (auto g : plan().forwarded_by_clone(s_.index, l)) {
+    for (auto g : plan().forwarded_by_clone(current_.index, l)) {
       if (fwd_posted_[g]) continue;
       if (fwd_waits_[g] != 0) {
         all = false;
@@ -401,13 +401,13 @@ class clone_transfer {
       fwd_posted_[g] = true;
       auto& grp = plan().groups()[g];
       int dest = roles_.clones[grp.to];
-      group_header h{.session = s_.session, .iteration = s_.k, .layer = static_cast<std::uint32_t>(l), .from = s_.index, .pieces = {}};
+      group_header h{.session = current_.session, .iteration = current_.k, .layer = static_cast<std::uint32_t>(l), .from = current_.index, .pieces = {}};
       for (auto pi : grp.pieces) {
         auto& p = plan().pieces()[pi];
-        fwd_of_[l].push_back(fwd_.send(comm_, dest, s_.tags.layer(l, true, false), bytes_of(p)));
+        fwd_of_[l].push_back(fwd_.send(comm_, dest, current_.tags.layer(l, true, false), bytes_of(p)));
         h.pieces.push_back({p.tensor, p.offset, p.length, sums_[pi]});
       }
-      fwd_of_[l].push_back(fwd_.send_owned(comm_, dest, s_.tags.layer(l, true, true), h.encode()));
+      fwd_of_[l].push_back(fwd_.send_owned(comm_, dest, current_.tags.layer(l, true, true), h.encode()));
     }
     return all;
   }
@@ -416,7 +416,7 @@ class clone_transfer {
   const deepclone::roles& roles_;
   outbox<Comm>& ctl_;
   int tag_base_;
-  session_info s_;
+  session_info current_;                         // the session being received (open())
   outbox<Comm> fwd_;                             // this rank's forwards to other clone ranks
   std::vector<inbound> inbound_;
   std::vector<std::uint64_t> sums_;
