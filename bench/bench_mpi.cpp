@@ -1030,9 +1030,10 @@ int main(int argc, char** argv) {
       if (r < fastest) fastest = r, who = p;
       if (o < fastest_over) fastest_over = o, who_over = p;
     }
+    const double ck = med(ln, "checkpoint", "readiness_s");
     for (const std::string d : {dc, std::string("deepclone/window/scatter_exchange/collective"), std::string("deepclone/spill/scatter_exchange/coordinator"),
                                 std::string("deepclone/spill/scatter_exchange/collective")}) {
-      double r = med(ln, d, "readiness_s"), o = med(ln, d, "overhead_s"), it = med(ln, d, "iteration_s"), ck = med(ln, "checkpoint", "readiness_s");
+      double r = med(ln, d, "readiness_s"), o = med(ln, d, "overhead_s"), it = med(ln, d, "iteration_s");
       if (std::isnan(r)) continue;
       const std::string at = " | " + ln + " | " + d.substr(10) + " | ";
       tg << "| readiness ≤ 1.1 × fastest stop-the-world peer" << at << f(r) << " s vs " << who << " " << f(fastest) << " s ("

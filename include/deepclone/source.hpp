@@ -269,7 +269,6 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
 
   // ---- the engine as the pipeline's context sees it (source_pipeline_host) ----
 
-  std::vector<pipeline::context::outgoing> pieces_of(std::size_t l) override { return outgoing_of(l); }
   std::uint64_t checksum_of(std::span<const std::byte> bytes) const override { return Checksum::compute(bytes); }
   bool progress_while_waiting(const std::function<bool()>& done, const std::string& what) override { return progress_until(done, what); }
   bool session_delivered() override { return delivered(); }
@@ -423,9 +422,9 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
     if constexpr (requires(Pipeline& p) { p.fork_iteration_ended(pipe_ctx_); }) settings_.pipeline.fork_iteration_ended(pipe_ctx_);
   }
 
-  /// This source's pieces of layer `l` as the pipeline sees them; empty (and the session
-  /// failed) when a tensor of `l` was resized.
-  std::vector<pipeline::context::outgoing> outgoing_of(std::size_t l) {
+  /// This source's pieces of layer `l` as the pipeline sees them (source_pipeline_host); empty
+  /// (and the session failed) when a tensor of `l` was resized.
+  std::vector<pipeline::context::outgoing> pieces_of(std::size_t l) override {
     std::vector<pipeline::context::outgoing> out;
     if (resized(l)) return out;
     for (auto& [pi, gs] : pieces_sent_by(plan_, index_, l)) {
