@@ -10,11 +10,11 @@
 #include <cmath>
 #include <functional>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "checksum.hpp"
+#include "detail/clone_request.hpp"
 #include "detail/clone_transfer.hpp"
 #include "detail/metadata_receive.hpp"
 #include "detail/peer_figures.hpp"
@@ -41,13 +41,7 @@ class clone_engine {
   /// must equal the sources'. Throws `errc::invalid_argument` if this rank is not a clone
   /// rank in `r`, or for invalid roles.
   clone_engine(Comm& comm, deepclone::roles r, deepclone::state<T>& st, settings_t s = {})
-      : comm_(comm), roles_(std::move(r)), state_(st), settings_(std::move(s)) {
-    roles_.validate(comm_.size());
-    auto idx = roles_.clone_index(comm_.rank());
-    if (!idx)
-      throw error(errc::invalid_argument, "rank " + std::to_string(comm_.rank()) + " is not a clone rank in the given roles");
-    index_ = *idx;
-  }
+      : comm_(comm), roles_(std::move(r)), state_(st), settings_(std::move(s)), index_(index_in(roles_, comm_)) {}
   clone_engine(const clone_engine&) = delete;
   clone_engine& operator=(const clone_engine&) = delete;
   /// A clone rank that goes away mid-transfer tells the sources, which end the session
@@ -73,10 +67,7 @@ class clone_engine {
       throw error(errc::unsupported, "settings.verify_replicas needs a checksum policy; the engine uses checksum::none");
     plan_ = Engine::make_plan(layout_, roles_, settings_);
     max_epochs_ = epochs_that_fit(comm_, settings_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
-    nonce_ = nonces_();
-    request_msg m{index_, nonce_, layout_.fingerprint(), plan_.key(), settings_.verify_replicas ? flag_verify_replicas : 0u};
-    ctl_.send_owned(comm_, roles_.sources[0], settings_.tag_base + tag_request, m.encode());
-    decision_.post(comm_, roles_.sources[0], settings_.tag_base + tag_decision, control_bytes);
+    request_.send(layout_.fingerprint(), plan_.key(), settings_.verify_replicas ? flag_verify_replicas : 0u);
     t_request_ = clock::now();
     rearm_deadlines();
     standby_s_ = 0;
@@ -177,6 +168,13 @@ class clone_engine {
   std::uint32_t index() const noexcept { return index_; }
 
  private:
+  /// This rank's clone index (members built from it need it before the constructor's body).
+  static std::uint32_t index_in(const deepclone::roles& r, Comm& c) {
+    r.validate(c.size());
+    auto idx = r.clone_index(c.rank());
+    if (!idx) throw error(errc::invalid_argument, "rank " + std::to_string(c.rank()) + " is not a clone rank in the given roles");
+    return *idx;
+  }
   /// report(): waits (at most settings.timeout) for every source's status and every other
   /// clone rank's summary. A source that failed (or was presumed failed: failover) may
   /// never send its figures.
@@ -190,14 +188,14 @@ class clone_engine {
       idle.idle(until);
     }
   }
-  enum class phase { idle, requested, refused, receiving, complete, failed };
+  enum class phase { idle, requested, receiving, complete, failed };
 
   void check_layer(std::size_t l) const {
     if (l >= ready_at_.size())
       throw error(errc::invalid_argument, "layer " + std::to_string(l) + " of a state with " + std::to_string(ready_at_.size()) + " layers");
   }
 
-  bool in_flight() const noexcept { return phase_ == phase::requested || phase_ == phase::refused || phase_ == phase::receiving; }
+  bool in_flight() const noexcept { return phase_ == phase::requested || phase_ == phase::receiving; }
 
   /// Blocks until `pred` holds, making progress; fails after `timeout` without progress.
   template <class Pred>
@@ -296,61 +294,26 @@ class clone_engine {
       t_complete_ = clock::now();
       readiness_s_ = seconds_since(t_request_, t_complete_);
       phase_ = phase::complete;
-      joined(session_);
+      request_.joined(session_);
       poll_statuses();
     }
     return any;
   }
 
-  /// A request's answer: the decision (begin, or a refusal whose layout follows). Skips
-  /// garbage and decisions that answer another request; a session decided on an older
-  /// request of this rank that it never joined is cancelled, so the sources do not wait.
+  /// The answer to this rank's request (detail::clone_request): begin, or fail with why.
   bool progress_agreement() {
-    if (phase_ == phase::requested) return take_decision();
-    if (phase_ == phase::refused) return take_refusal_layout();
-    return false;
-  }
-  /// The answer to this rank's request: the decision (begin), the sources' stop, or a
-  /// refusal whose layout follows.
-  bool take_decision() {
-    auto b = decision_.test(comm_);
-    if (!b) return false;
-    std::optional<decision_msg> d;
-    try {
-      d = decision_msg::decode(*b);
-    } catch (const error&) {
-    }
-    if (!d || d->nonce != nonce_) {
-      if (d && d->status == verdict::accepted && !has_joined(d->session)) cancel_session(d->session, errc::cancelled);
-      decision_.repost(comm_);
-      return true;
-    }
-    if (d->status == verdict::accepted) begin(*d);
-    else if (d->status == verdict::stopped)
-      fail(errc::source_failed, "the sources finished training (last step " + std::to_string(d->iteration) +
+    if (phase_ != phase::requested) return false;
+    std::optional<request_answer> a;
+    const bool any = request_.progress(a);
+    if (!a) return any;
+    const auto& d = a->decision;
+    if (d.status == verdict::accepted) begin(d);
+    else if (d.status == verdict::stopped)
+      fail(errc::source_failed, "the sources finished training (last step " + std::to_string(d.iteration) +
                                     ") before they could serve this clone's request");
-    else {
-      refusal_ = d;
-      post_layout();
-      phase_ = phase::refused;
-    }
+    else
+      refused(d, a->sources_layout);
     return true;
-  }
-  /// A refusal's layout of the sources (the difference is named from it).
-  bool take_refusal_layout() {
-    auto b = source_layout_.test(comm_);
-    if (!b) return false;
-    std::optional<layout_msg> m;
-    try {
-      m = layout_msg::decode(*b);
-    } catch (const error&) {
-    }
-    if (m && m->nonce == nonce_) refused(m->layout);
-    else post_layout();  // garbage, or the layout of an older refusal
-    return true;
-  }
-  void post_layout() {
-    source_layout_.post(comm_, roles_.sources[0], settings_.tag_base + tag_layout, layout_msg::size_for(refusal_->layout_bytes));
   }
 
   /// Metadata: the coordinator's header, then the blob (detail::metadata_receive).
@@ -394,13 +357,6 @@ class clone_engine {
                                     std::to_string(now.size()) + " bytes); a clone's tensors must stay in place until wait() returns");
       }
   }
-
-  /// Sessions this rank completed: a late duplicate of their decision must not cancel them.
-  void joined(std::uint64_t session) {
-    joined_.push_back(session);
-    if (joined_.size() > 64) joined_.erase(joined_.begin());
-  }
-  bool has_joined(std::uint64_t session) const { return std::find(joined_.begin(), joined_.end(), session) != joined_.end(); }
 
   /// Nothing arrived for `settings.failover_after` while other sources did deliver: the
   /// silent senders are presumed failed (and told to stop), their groups asked elsewhere.
@@ -490,20 +446,22 @@ class clone_engine {
     return any;
   }
 
-  void refused(std::span<const std::byte> b) {
+  /// The sources refused the request: names the first difference from their layout `b`.
+  [[noreturn]] void refused(const decision_msg& d, std::span<const std::byte> b) {
     auto theirs = decode_or_fail<deepclone::layout>(b);
-    auto& d = *refusal_;
-    std::string who = "clone rank " + std::to_string(roles_.clones[index_]);
+    std::string who = clone_named(index_);
     if (d.status == verdict::plan_differs) {
       auto diff = d.key.difference(plan_.key());
-      fail(errc::plan_mismatch, diff.empty() ? "clone rank " + std::to_string(roles_.clones[d.offending_clone]) +
-                                                   " uses plan settings that differ from the sources'"
+      fail(errc::plan_mismatch, diff.empty() ? clone_named(d.offending_clone) + " uses plan settings that differ from the sources'"
                                              : who + ": " + diff);
     }
     auto diff = first_difference(theirs, layout_, "sources", who);
     fail(errc::layout_mismatch, diff ? *diff
-                                     : "clone rank " + std::to_string(roles_.clones[d.offending_clone]) +
-                                           "'s layout differs from the sources' (this rank's matches)");
+                                     : clone_named(d.offending_clone) + "'s layout differs from the sources' (this rank's matches)");
+  }
+  /// A clone rank named by its index in a peer's message (which may be garbage: bounds-checked).
+  std::string clone_named(std::uint32_t i) const {
+    return i < roles_.clones.size() ? "clone rank " + std::to_string(roles_.clones[i]) : "another clone rank";
   }
 
   template <class M>
@@ -530,9 +488,9 @@ class clone_engine {
   }
 
   std::string missing() const {
-    if (phase_ == phase::requested) return "the fork decision from source rank " + std::to_string(roles_.sources[0]);
-    if (phase_ == phase::refused)
-      return "the sources' layout from source rank " + std::to_string(roles_.sources[0]) + " (the request was refused)";
+    if (phase_ == phase::requested)
+      return request_.awaiting_layout() ? "the sources' layout from source rank " + std::to_string(roles_.sources[0]) + " (the request was refused)"
+                                        : "the fork decision from source rank " + std::to_string(roles_.sources[0]);
     std::string out = transfer_.missing_groups();
     if (!meta_.done()) out += std::string(out.empty() ? "" : ", ") + "the metadata";
     for (std::uint32_t i = 0; i < roles_.source_count(); ++i)
@@ -553,13 +511,8 @@ class clone_engine {
   /// This rank gives up: before the decision its request is withdrawn, after it every
   /// source is told to end the session (and tells the other clone ranks why).
   void tell_sources_cancel(errc why) {
-    if (phase_ == phase::receiving) return cancel_session(session_, why);
-    request_msg m{.clone_index = index_, .nonce = nonce_, .layout_fingerprint = 0, .key = {}, .flags = flag_withdraw};
-    ctl_.send_owned(comm_, roles_.sources[0], settings_.tag_base + tag_request, m.encode());
-  }
-  void cancel_session(std::uint64_t session, errc why) {
-    cancel_msg m{session, index_, static_cast<std::uint32_t>(why)};
-    for (int s : roles_.sources) ctl_.send_owned(comm_, s, settings_.tag_base + tag_cancel, m.encode());
+    if (phase_ == phase::receiving) return request_.cancel_session(session_, why);
+    request_.withdraw();
   }
 
   /// Withdraws every receive and send of the session: after it, no byte of a clone tensor
@@ -567,8 +520,7 @@ class clone_engine {
   void abandon() noexcept {
     transfer_.abandon();
     meta_.cancel(comm_);
-    decision_.cancel(comm_);
-    source_layout_.cancel(comm_);
+    request_.cancel();
     figures_.cancel(comm_);
     digests_.cancel(comm_);
     // Control messages (requests, cancels, summaries) are small; give them a moment.
@@ -585,12 +537,7 @@ class clone_engine {
   deepclone::plan plan_;
   phase phase_ = phase::idle;
   std::optional<failure> failure_;
-  std::uint64_t nonce_ = 0, session_ = 0, k_ = 0;
-  /// Request nonces, unique across engines and processes: a decision left over from an
-  /// earlier engine on the same ranks never answers this one's request.
-  std::mt19937_64 nonces_{(std::uint64_t{std::random_device{}()} << 32) ^
-                          static_cast<std::uint64_t>(clock::now().time_since_epoch().count())};
-  std::vector<std::uint64_t> joined_;    // sessions this rank completed (see joined())
+  std::uint64_t session_ = 0, k_ = 0;
   std::uint32_t max_epochs_ = 1;         // tag blocks this communicator's tags allow
   session_tags tags_;                    // the session's tag block
   std::vector<std::span<std::byte>> posted_;  // each tensor's bytes as the receives were posted
@@ -600,8 +547,7 @@ class clone_engine {
   double agreement_s_ = 0, readiness_s_ = 0, standby_s_ = 0;
 
   outbox<Comm> ctl_;
-  inbox_slot<Comm> decision_, source_layout_;
-  std::optional<decision_msg> refusal_;
+  clone_request<Comm> request_{comm_, roles_, ctl_, settings_.tag_base, index_};  // this rank's request and its answer
   metadata_receive<Comm, Checksum> meta_;  // the sources' metadata of iteration k
   peer_figures<Comm> figures_;           // every source's status, every other clone rank's summary
   replica_digests<Comm> digests_;        // verify_replicas

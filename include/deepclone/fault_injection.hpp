@@ -271,57 +271,8 @@ class faulty {
       return r;
     }
     auto d = plan_->on_send(rank(), dest, tag, data.size());
-    if (!d.act) {
-      r.inner = inner_.isend(dest, tag, data);
-    } else {
-      const auto& a = *d.act;
-      switch (a.action) {
-        case fault::kind::drop:
-        case fault::kind::silence:
-          r.immediate = data.size();
-          break;
-        case fault::kind::corrupt: {
-          r.copy = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
-          if (!r.copy->empty())
-            for (auto off : a.bytes) {
-              const auto n = static_cast<std::int64_t>(r.copy->size());
-              auto i = ((off % n) + n) % n;
-              (*r.copy)[static_cast<std::size_t>(i)] ^= std::byte{a.mask};
-            }
-          r.inner = inner_.isend(dest, tag, std::span<const std::byte>(*r.copy));
-          break;
-        }
-        case fault::kind::duplicate: {
-          r.inner = inner_.isend(dest, tag, data);
-          auto h = std::make_shared<held>();
-          h->dest = dest;
-          h->tag = tag;
-          h->copy = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
-          h->data = *h->copy;
-          h->orphan = true;
-          h->posted = inner_.isend(dest, tag, h->data);
-          held_.push_back(std::move(h));
-          break;
-        }
-        case fault::kind::delay:
-        case fault::kind::reorder: {
-          auto h = std::make_shared<held>();
-          h->dest = dest;
-          h->tag = tag;
-          h->data = data;
-          if (a.action == fault::kind::delay || a.hold.count() > 0) h->release_at = fault::plan::clock::now() + a.hold;
-          if (a.action == fault::kind::reorder) h->after_rule = d.rule_index;
-          held_.push_back(h);
-          r.h = std::move(h);
-          break;
-        }
-        case fault::kind::truncate: {
-          std::size_t keep = a.keep < data.size() ? a.keep : data.size() / 2;
-          r.inner = inner_.isend(dest, tag, data.first(keep));
-          break;
-        }
-      }
-    }
+    if (!d.act) r.inner = inner_.isend(dest, tag, data);
+    else send_faulty(r, *d.act, d.rule_index, dest, tag, data);
     if (d.releases_reordered) release_after(d.rule_index);
     return r;
   }
@@ -400,6 +351,62 @@ class faulty {
   std::size_t holding() const noexcept { return held_.size(); }
 
  private:
+  /// Sends `data` as the matched rule `a` (rule number `rule`) says: dropped, corrupted,
+  /// duplicated, held back (delay, reorder) or truncated.
+  void send_faulty(request_type& r, const fault::rule& a, std::size_t rule, int dest, int tag, std::span<const std::byte> data) {
+    switch (a.action) {
+      case fault::kind::drop:
+      case fault::kind::silence:
+        r.immediate = data.size();
+        break;
+      case fault::kind::corrupt:
+        r.copy = corrupted_copy(a, data);
+        r.inner = inner_.isend(dest, tag, std::span<const std::byte>(*r.copy));
+        break;
+      case fault::kind::duplicate:
+        r.inner = inner_.isend(dest, tag, data);
+        send_duplicate(dest, tag, data);
+        break;
+      case fault::kind::delay:
+      case fault::kind::reorder:
+        r.h = hold(a, rule, dest, tag, data);
+        break;
+      case fault::kind::truncate:
+        r.inner = inner_.isend(dest, tag, data.first(a.keep < data.size() ? a.keep : data.size() / 2));
+        break;
+    }
+  }
+  /// A copy of `data` with the rule's bytes (offsets modulo the size) XORed with its mask.
+  static std::shared_ptr<std::vector<std::byte>> corrupted_copy(const fault::rule& a, std::span<const std::byte> data) {
+    auto copy = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
+    if (copy->empty()) return copy;
+    const auto n = static_cast<std::int64_t>(copy->size());
+    for (auto off : a.bytes) (*copy)[static_cast<std::size_t>(((off % n) + n) % n)] ^= std::byte{a.mask};
+    return copy;
+  }
+  /// A second copy of `data`, sent at once; nobody holds its request (the decorator tests it).
+  void send_duplicate(int dest, int tag, std::span<const std::byte> data) {
+    auto h = std::make_shared<held>();
+    h->dest = dest;
+    h->tag = tag;
+    h->copy = std::make_shared<std::vector<std::byte>>(data.begin(), data.end());
+    h->data = *h->copy;
+    h->orphan = true;
+    h->posted = inner_.isend(dest, tag, h->data);
+    held_.push_back(std::move(h));
+  }
+  /// A send held back until its time (delay) or the rule's next match (reorder).
+  std::shared_ptr<held> hold(const fault::rule& a, std::size_t rule, int dest, int tag, std::span<const std::byte> data) {
+    auto h = std::make_shared<held>();
+    h->dest = dest;
+    h->tag = tag;
+    h->data = data;
+    if (a.action == fault::kind::delay || a.hold.count() > 0) h->release_at = fault::plan::clock::now() + a.hold;
+    if (a.action == fault::kind::reorder) h->after_rule = rule;
+    held_.push_back(h);
+    return h;
+  }
+
   std::chrono::microseconds sleep_bound(std::chrono::microseconds d) const {
     auto now = fault::plan::clock::now();
     for (auto& h : held_)

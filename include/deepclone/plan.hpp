@@ -130,6 +130,12 @@ class plan {
                         const plan_options&, std::uint32_t);
 
  private:
+  void group(std::uint32_t sources, std::uint32_t clones, const std::vector<std::vector<reconstruct::hop>>& hops_of);
+  using group_ids = std::map<std::tuple<std::uint32_t, bool, std::uint32_t, std::uint32_t>, std::uint32_t>;
+  std::uint32_t add_to_group(group_ids& ids, std::uint32_t layer, bool exchange, std::uint32_t from, std::uint32_t to,
+                             std::uint32_t piece);
+  void link_forwards();
+
   deepclone::layout layout_;
   plan_key key_;
   std::vector<piece> pieces_;
@@ -139,6 +145,33 @@ class plan {
 };
 
 namespace detail {
+/// The sharding policy's pieces with every piece above `max_piece_bytes` cut in consecutive
+/// pieces of the same source at granule boundaries (messages stay below 2 GiB and the
+/// pipelines interleave). Refuses a piece naming a source beyond N.
+inline std::vector<piece> cut_pieces(const std::vector<piece>& sharded, const layout& lay, std::uint32_t sources,
+                                     const plan_options& opt, const char* shard_name) {
+  std::vector<piece> cut;
+  for (auto& q : sharded) {
+    if (q.source >= sources)
+      throw error(errc::invalid_argument, std::string("sharding policy ") + shard_name + " named source " +
+                                              std::to_string(q.source) + " of " + std::to_string(sources));
+    if (q.length <= opt.max_piece_bytes) {
+      cut.push_back(q);
+      continue;
+    }
+    auto g = granule(lay.tensor(q.tensor), opt.alignment);
+    auto per = std::max<std::uint64_t>(1, opt.max_piece_bytes / g);
+    auto granules = (q.length + g - 1) / g;
+    for (auto [off, len] : split_range(q.length, (granules + per - 1) / per, g)) {
+      piece r = q;
+      r.offset = q.offset + off;
+      r.length = len;
+      cut.push_back(r);
+    }
+  }
+  return cut;
+}
+
 /// The policies' pieces, sorted by (tensor, offset), cover every byte of every tensor
 /// exactly once, each filed under its tensor's layer, sent by a source below N to a clone
 /// rank below M: the engines index their per-layer, per-source and per-clone bookkeeping
@@ -237,6 +270,61 @@ inline void check_forwards_acyclic(const plan& p, const std::string& policy) {
 }
 }  // namespace detail
 
+/// Files piece `pi` into the group of (layer, sender, receiver) (`ids` finds it), creating
+/// the group on its first piece; returns the group.
+inline std::uint32_t plan::add_to_group(group_ids& ids, std::uint32_t layer, bool exchange, std::uint32_t from,
+                                        std::uint32_t to, std::uint32_t pi) {
+  auto [it, fresh] = ids.try_emplace({layer, exchange, from, to}, static_cast<std::uint32_t>(groups_.size()));
+  if (fresh) {
+    groups_.push_back({layer, from, to, exchange, {}, 0});
+    awaits_.emplace_back();
+    (exchange ? fwd_by_clone_[from][layer] : by_source_[from][layer]).push_back(it->second);
+    recv_by_clone_[to].push_back(it->second);
+  }
+  auto& g = groups_[it->second];
+  g.pieces.push_back(pi);
+  g.bytes += pieces_[pi].length;
+  return it->second;
+}
+
+/// Groups the pieces into messages per layer and (sender, receiver): from its source to
+/// its owner (or to every clone rank), then along the owner's forwards `hops_of[owner]`.
+/// A forward group awaits the groups that brought its pieces to its sender.
+inline void plan::group(std::uint32_t sources, std::uint32_t clones, const std::vector<std::vector<reconstruct::hop>>& hops_of) {
+  const std::size_t L = layout_.layer_count();
+  by_source_.assign(sources, std::vector<std::vector<std::uint32_t>>(L));
+  fwd_by_clone_.assign(clones, std::vector<std::vector<std::uint32_t>>(L));
+  recv_by_clone_.assign(clones, {});
+  group_ids ids;
+  std::vector<std::uint32_t> via(clones);  // the group that brought the current piece to each clone rank
+  for (std::uint32_t pi = 0; pi < pieces_.size(); ++pi) {
+    const auto& q = pieces_[pi];
+    if (q.owner == piece::all_clones) {
+      for (std::uint32_t c = 0; c < clones; ++c) add_to_group(ids, q.layer, false, q.source, c, pi);
+      continue;
+    }
+    via[q.owner] = add_to_group(ids, q.layer, false, q.source, q.owner, pi);
+    for (auto h : hops_of[q.owner]) {
+      const auto g = add_to_group(ids, q.layer, true, h.from, h.to, pi);
+      auto& a = awaits_[g];
+      if (a.empty() || a.back() != via[h.from]) a.push_back(via[h.from]);  // consecutive pieces share it
+      via[h.to] = g;
+    }
+  }
+  link_forwards();
+}
+
+/// `awaits` sorted and unique, and its inverse `unblocks`.
+inline void plan::link_forwards() {
+  unblocks_.assign(groups_.size(), {});
+  for (std::uint32_t g = 0; g < groups_.size(); ++g) {
+    auto& a = awaits_[g];
+    std::sort(a.begin(), a.end());
+    a.erase(std::unique(a.begin(), a.end()), a.end());
+    for (auto d : a) unblocks_[d].push_back(g);
+  }
+}
+
 /// Computes the plan. Deterministic: the same arguments give the same plan on every rank.
 /// Throws `errc::invalid_argument` for N or M of zero, when a policy's pieces do not cover
 /// every byte exactly once, when some clone rank would not receive every byte exactly once,
@@ -254,26 +342,8 @@ plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, c
 
   // 1. Which source sends which bytes.
   std::vector<piece> sharded = shard.assign(lay, sources, opt.alignment);
-  // 2. Cut pieces above max_piece_bytes (same source), at granule boundaries.
-  std::vector<piece> cut;
-  for (auto& q : sharded) {
-    if (q.source >= sources)
-      throw error(errc::invalid_argument, std::string("sharding policy ") + Shard::name + " named source " +
-                                              std::to_string(q.source) + " of " + std::to_string(sources));
-    if (q.length <= opt.max_piece_bytes) {
-      cut.push_back(q);
-      continue;
-    }
-    auto g = granule(lay.tensor(q.tensor), opt.alignment);
-    auto per = std::max<std::uint64_t>(1, opt.max_piece_bytes / g);
-    auto granules = (q.length + g - 1) / g;
-    for (auto [off, len] : split_range(q.length, (granules + per - 1) / per, g)) {
-      piece r = q;
-      r.offset = q.offset + off;
-      r.length = len;
-      cut.push_back(r);
-    }
-  }
+  // 2. Pieces above max_piece_bytes are cut.
+  std::vector<piece> cut = detail::cut_pieces(sharded, lay, sources, opt, Shard::name);
   // 3. Which clone ranks receive each piece from its source.
   p.pieces_ = recon.assign_owners(std::move(cut), lay, clones, opt.alignment);
   std::sort(p.pieces_.begin(), p.pieces_.end(),
@@ -281,54 +351,14 @@ plan make_plan(const layout& lay, std::uint32_t sources, std::uint32_t clones, c
 
   detail::check_pieces(p.pieces_, lay, sources, clones, std::string(Shard::name) + "/" + Reconstruct::name);
 
-  // 4. Group pieces into messages: per layer, per (sender, receiver). A forward group
-  //    awaits the groups that brought its pieces to its sender.
-  const std::size_t L = lay.layer_count();
-  p.by_source_.assign(sources, std::vector<std::vector<std::uint32_t>>(L));
-  p.fwd_by_clone_.assign(clones, std::vector<std::vector<std::uint32_t>>(L));
-  p.recv_by_clone_.assign(clones, {});
-  std::map<std::tuple<std::uint32_t, bool, std::uint32_t, std::uint32_t>, std::uint32_t> ids;
-  auto add = [&](std::uint32_t layer, bool exch, std::uint32_t from, std::uint32_t to, std::uint32_t pi) {
-    auto [it, fresh] = ids.try_emplace({layer, exch, from, to}, static_cast<std::uint32_t>(p.groups_.size()));
-    if (fresh) {
-      p.groups_.push_back({layer, from, to, exch, {}, 0});
-      p.awaits_.emplace_back();
-      (exch ? p.fwd_by_clone_[from][layer] : p.by_source_[from][layer]).push_back(it->second);
-      p.recv_by_clone_[to].push_back(it->second);
-    }
-    auto& g = p.groups_[it->second];
-    g.pieces.push_back(pi);
-    g.bytes += p.pieces_[pi].length;
-    return it->second;
-  };
+  // 4. Group pieces into messages, as the reconstruction policy forwards them.
   const std::string policy = Reconstruct::name;
   std::vector<std::vector<reconstruct::hop>> hops_of(clones);  // per owner, asked once
   for (std::uint32_t o = 0; o < clones; ++o) {
     hops_of[o] = recon.forwards(o, clones);
     detail::check_hops(hops_of[o], o, clones, policy);
   }
-  std::vector<std::uint32_t> via(clones);  // the group that brought the current piece to each clone rank
-  for (std::uint32_t pi = 0; pi < p.pieces_.size(); ++pi) {
-    auto& q = p.pieces_[pi];
-    if (q.owner == piece::all_clones) {
-      for (std::uint32_t c = 0; c < clones; ++c) add(q.layer, false, q.source, c, pi);
-      continue;
-    }
-    via[q.owner] = add(q.layer, false, q.source, q.owner, pi);
-    for (auto h : hops_of[q.owner]) {
-      const auto g = add(q.layer, true, h.from, h.to, pi);
-      auto& a = p.awaits_[g];
-      if (a.empty() || a.back() != via[h.from]) a.push_back(via[h.from]);  // consecutive pieces share it
-      via[h.to] = g;
-    }
-  }
-  p.unblocks_.assign(p.groups_.size(), {});
-  for (std::uint32_t g = 0; g < p.groups_.size(); ++g) {
-    auto& a = p.awaits_[g];
-    std::sort(a.begin(), a.end());
-    a.erase(std::unique(a.begin(), a.end()), a.end());
-    for (auto d : a) p.unblocks_[d].push_back(g);
-  }
+  p.group(sources, clones, hops_of);
   detail::check_forwards_acyclic(p, policy);
   detail::check_every_clone_receives_all(p, clones, std::string(Shard::name) + "/" + Reconstruct::name);
   return p;

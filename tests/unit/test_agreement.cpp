@@ -182,6 +182,7 @@ struct world_options {
   std::function<void(int i, std::uint64_t step, replica&)> before_collective;  // the trainer's code after end_iteration(step - 1)
   using clone_t = typename Engine::template clone<dc::raw_view<std::uint8_t>>;
   std::function<std::string(clone_t&, replica&)> clone_body;
+  std::optional<settings_t> clone_settings;  // the clone ranks' settings, when not `settings`
 };
 
 /// "" when the clone holds iteration k (its fork iteration) bit for bit, metadata included.
@@ -243,7 +244,7 @@ world_result run_world(const world_options<Engine>& o) {
     fcomm c(raw, o.faults);
     replica r;
     if (raw.rank() >= o.n) {
-      typename world_options<Engine>::clone_t dst(c, roles, r.state, o.settings);
+      typename world_options<Engine>::clone_t dst(c, roles, r.state, o.clone_settings.value_or(o.settings));
       out.clones[raw.rank() - o.n] = o.clone_body(dst, r);
       ++clones_done;
       return;
@@ -361,6 +362,10 @@ TEST_CASE("agreement::collective: a source still serving a clone adds 2; the nex
   using E = faulty_engine<dc::agreement::collective, dc::pipeline::spill>;
   world_options<E> o;
   o.settings.timeout = 3s;
+  // The second request waits for source 1's 3 s timeout: the clone rank's own must be
+  // longer, or the two race (seen failing once under load with both at 3 s).
+  o.clone_settings = o.settings;
+  o.clone_settings->timeout = 20s;
   o.faults->add({.action = dc::fault::kind::drop, .from = 2, .to = 1, .tag_lo = tb + 8, .times = 0});  // acks to source 1
   o.clone_body = [faults = o.faults](auto& dst, replica& r) {
     auto bad = clone_once(dst, r);

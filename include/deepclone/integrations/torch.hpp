@@ -212,41 +212,16 @@ class module_state {
     for (auto& lg : groups) {
       layer ly;
       ly.name = lg.name;
-      std::vector<named<at::Tensor>> tensors;
       for (auto& path : lg.modules) {
         auto it = by_path.find(path);
         if (it == by_path.end())
           throw error(errc::invalid_argument, "libtorch::module_state: layer '" + lg.name + "' names module '" + path +
                                                   "', which the model does not have");
         const std::string prefix = path.empty() ? "" : path + ".";
-        for (auto& item : it->second->named_parameters(/*recurse=*/false)) {
-          const at::Tensor& p = item.value();
-          const std::string name = prefix + item.key();
-          if (seen[p.unsafeGetTensorImpl()])
-            throw error(errc::invalid_argument, "libtorch::module_state: parameter '" + name + "' is in two layers");
-          seen[p.unsafeGetTensorImpl()] = true;
-          check_tensor(p, "parameter '" + name + "'");
-          ly.tensors.push_back({name, &hold(p)});
-          auto g = group_of.find(p.unsafeGetTensorImpl());
-          if (g == group_of.end()) continue;  // not optimised (frozen): the parameter alone
-          param pr{p, name, g->second, nullptr, {}};
-          add_slots(pr, ly);
-          params_.push_back(std::move(pr));
-          ly.params.push_back(params_.size() - 1);
-        }
-        for (auto& item : it->second->named_buffers(/*recurse=*/false)) {
-          const at::Tensor& b = item.value();
-          const std::string name = prefix + item.key();
-          check_tensor(b, "buffer '" + name + "'");
-          if (o.mirror_buffers) {
-            at::Tensor& m = hold(b.detach().clone());
-            ly.tensors.push_back({name, &m});
-            ly.mirrors.push_back({b, &m});
-          } else {
-            ly.tensors.push_back({name, &hold(b)});
-          }
-        }
+        add_parameters(*it->second, prefix, group_of, seen, ly);
+        add_buffers(*it->second, prefix, o.mirror_buffers, ly);
       }
+      std::vector<named<at::Tensor>> tensors;
       for (auto& t : ly.tensors) tensors.emplace_back(t.first, *t.second);
       state_.add_layer(ly.name, std::move(tensors));
       layers_.push_back(std::move(ly));
@@ -377,6 +352,42 @@ class module_state {
     return held_.back();
   }
 
+  /// The module's own parameters (not its children's) into `ly`, each with its optimizer
+  /// state when an optimizer group holds it (`group_of`); `seen` refuses one in two layers.
+  void add_parameters(torch::nn::Module& m, const std::string& prefix, const std::map<const void*, std::size_t>& group_of,
+                      std::map<const void*, bool>& seen, layer& ly) {
+    for (auto& item : m.named_parameters(/*recurse=*/false)) {
+      const at::Tensor& p = item.value();
+      const std::string name = prefix + item.key();
+      if (seen[p.unsafeGetTensorImpl()])
+        throw error(errc::invalid_argument, "libtorch::module_state: parameter '" + name + "' is in two layers");
+      seen[p.unsafeGetTensorImpl()] = true;
+      check_tensor(p, "parameter '" + name + "'");
+      ly.tensors.push_back({name, &hold(p)});
+      auto g = group_of.find(p.unsafeGetTensorImpl());
+      if (g == group_of.end()) continue;  // not optimised (frozen): the parameter alone
+      param pr{p, name, g->second, nullptr, {}};
+      add_slots(pr, ly);
+      params_.push_back(std::move(pr));
+      ly.params.push_back(params_.size() - 1);
+    }
+  }
+  /// The module's own buffers into `ly`: mirrored (a copy the update refreshes) or held.
+  void add_buffers(torch::nn::Module& m, const std::string& prefix, bool mirror, layer& ly) {
+    for (auto& item : m.named_buffers(/*recurse=*/false)) {
+      const at::Tensor& b = item.value();
+      const std::string name = prefix + item.key();
+      check_tensor(b, "buffer '" + name + "'");
+      if (mirror) {
+        at::Tensor& copy = hold(b.detach().clone());
+        ly.tensors.push_back({name, &copy});
+        ly.mirrors.push_back({b, &copy});
+      } else {
+        ly.tensors.push_back({name, &hold(b)});
+      }
+    }
+  }
+
   /// Creates the optimizer state of `p` if the optimizer has not yet, and registers its
   /// tensors in `ly`.
   void add_slots(param& p, layer& ly) {
@@ -389,21 +400,7 @@ class module_state {
       ly.tensors.push_back({p.name + "." + suffix, &hold(t)});
     };
     auto zeros = [&] { return torch::zeros_like(p.tensor, at::MemoryFormat::Contiguous); };
-    if (opt_kind_ == kind::sgd) {
-      auto* so = dynamic_cast<torch::optim::SGDOptions*>(&group_options);
-      if (!so) throw error(errc::unsupported, "libtorch::module_state: an SGD parameter group without SGDOptions");
-      if (so->momentum() == 0) return;  // plain SGD keeps no state
-      auto it = st.find(key);
-      if (it == st.end()) {
-        auto s = std::make_unique<torch::optim::SGDParamState>();
-        s->momentum_buffer(zeros());
-        st[key] = std::move(s);
-        it = st.find(key);
-      }
-      auto& s = static_cast<torch::optim::SGDParamState&>(*it->second);
-      slot(s.momentum_buffer(), "momentum_buffer");
-      return;
-    }
+    if (opt_kind_ == kind::sgd) return add_sgd_slot(group_options, key, zeros, slot);
     auto adam_like = [&](auto* options, auto* state_type) {
       using options_t = std::remove_pointer_t<decltype(options)>;
       using state_t = std::remove_pointer_t<decltype(state_type)>;
@@ -430,6 +427,23 @@ class module_state {
       adam_like(static_cast<torch::optim::AdamOptions*>(nullptr), static_cast<torch::optim::AdamParamState*>(nullptr));
     else
       adam_like(static_cast<torch::optim::AdamWOptions*>(nullptr), static_cast<torch::optim::AdamWParamState*>(nullptr));
+  }
+
+  /// SGD with momentum keeps one slot, created as SGD::step does at the first update.
+  template <class Key, class Zeros, class Slot>
+  void add_sgd_slot(torch::optim::OptimizerOptions& group_options, const Key& key, Zeros zeros, Slot slot) {
+    auto* so = dynamic_cast<torch::optim::SGDOptions*>(&group_options);
+    if (!so) throw error(errc::unsupported, "libtorch::module_state: an SGD parameter group without SGDOptions");
+    if (so->momentum() == 0) return;  // plain SGD keeps no state
+    auto& st = opt_.state();
+    auto it = st.find(key);
+    if (it == st.end()) {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(zeros());
+      st[key] = std::move(s);
+      it = st.find(key);
+    }
+    slot(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer(), "momentum_buffer");
   }
 
   template <class F>
