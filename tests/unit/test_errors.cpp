@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <deepclone/deepclone.hpp>
+#include <deepclone/detail/wire.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -547,4 +548,49 @@ TEST_CASE("errors: sources that finish before deciding answer a pending request 
   CHECK(error->kind() == dc::errc::source_failed);
   CHECK(contains(what, "the sources finished training (last step 2) before they could serve this clone's request"));
   CHECK(seconds < 10);  // at once, not after settings.timeout (20 s)
+}
+
+TEST_CASE("errors: a coordinator's answers are checked: a stale acceptance is cancelled, a refusal naming a clone index out of range names no rank") {
+  // Rank 0 plays a faulty coordinator by hand: it answers the clone's request first with an
+  // acceptance of another request (a leftover: the clone must tell the sources to end that
+  // session, which it never joins), then with a refusal of this request whose clone index is
+  // out of range (garbage: the clone must not index its roles with it).
+  namespace wire = dc::detail;
+  dc::inproc::world w(2);
+  auto c0 = w.comm(0), c1 = w.comm(1);
+  small_model m;
+  cloning::settings s;
+  s.timeout = 2s;
+  cloning::clone dst(c1, dc::roles::contiguous(1, 1), m.st, s);
+  dst.request();
+  std::vector<std::byte> in(wire::control_bytes);
+  auto r = c0.irecv(1, s.tag_base + wire::tag_request, in);
+  const auto req = wire::request_msg::decode(std::span<const std::byte>(in.data(), c0.wait(r)));
+  auto send = [&](int tag, std::vector<std::byte> b) {
+    auto q = c0.isend(1, s.tag_base + tag, std::span<const std::byte>(b));
+    c0.wait(q);
+  };
+  wire::decision_msg stale;
+  stale.session = 77;
+  stale.nonce = req.nonce + 1;
+  send(wire::tag_decision, stale.encode());
+  const auto lay = m.st.describe().encode();
+  wire::decision_msg refusal;
+  refusal.status = wire::verdict::layout_differs;
+  refusal.nonce = req.nonce;
+  refusal.layout_bytes = lay.size();
+  refusal.offending_clone = 999;
+  send(wire::tag_decision, refusal.encode());
+  send(wire::tag_layout, wire::layout_msg{req.nonce, lay}.encode());
+  try {
+    dst.wait();
+    FAIL("wait() returned after a refusal");
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::layout_mismatch);
+    CHECK(contains(e.what(), "another clone rank"));
+  }
+  auto rc = c0.irecv(1, s.tag_base + wire::tag_cancel, in);
+  const auto cancel = wire::cancel_msg::decode(std::span<const std::byte>(in.data(), c0.wait(rc)));
+  CHECK(cancel.session == 77);
+  CHECK(cancel.clone_index == 0);
 }
