@@ -5,10 +5,12 @@
 #include <deepclone/holdings.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -190,6 +192,32 @@ inline scenario random_scenario(const std::function<std::uint64_t(std::uint64_t)
     for (std::uint32_t c = 0; c < m; ++c) s.dst[c].of_tensor[t] = pick(4) ? wants[c] : std::vector<dc::part>{dc::part::whole()};
   }
   return s;
+}
+
+/// One rank's own tensors, each byte the hash of (tensor, global byte) where the rank holds
+/// it (sources), or a sentinel (clone ranks, before any byte arrives).
+inline std::vector<std::vector<std::byte>> own_tensors(const dc::layout& lay, const dc::holdings& h, bool fill) {
+  std::vector<std::vector<std::byte>> out(lay.tensor_count());
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+    const auto m = brute_map(lay.tensor(t), h.of_tensor[t]);
+    out[t].assign(m.size(), std::byte{0xEE});
+    if (fill)
+      for (const auto& [g, local] : m) out[t][local] = std::byte(static_cast<std::uint8_t>(g * 31 + t * 7 + 1));
+  }
+  return out;
+}
+template <class Byte>
+std::vector<std::span<Byte>> spans(std::vector<std::vector<std::byte>>& ts) {
+  std::vector<std::span<Byte>> out;
+  for (auto& t : ts) out.emplace_back(t.data(), t.size());
+  return out;
+}
+
+/// Whether every byte clone rank `c` wants holds the source pattern of its global position.
+inline bool holds_pattern(const scenario& s, std::size_t c, const std::vector<std::vector<std::byte>>& own, std::uint32_t t) {
+  for (const auto& [g, local] : brute_map(s.lay.tensor(t), s.dst[c].of_tensor[t]))
+    if (own[t][local] != std::byte(static_cast<std::uint8_t>(g * 31 + t * 7 + 1))) return false;
+  return true;
 }
 
 }  // namespace partition_test

@@ -1,0 +1,311 @@
+#pragma once
+/// \file partition_transfer.hpp
+/// Moving the partitioned plan's bytes over a communicator (issue 12). A source sends its
+/// groups (partition_groups.hpp) message by message: a direct run straight from its own
+/// tensor (zero copy), short runs packed into one buffer; after each group, a sealed list of
+/// its messages' checksums. A clone rank receives a direct run straight into its own tensor
+/// and a packed message into a buffer, checks every message against its sum, and only then
+/// unpacks. Nothing a peer sends lands outside a clone tensor: every receive is posted into
+/// a bounds-checked run of exact size, and garbage sums are refused before they are read.
+///
+/// Each layer has its own pair of tags (data, sums) from `tag_base` on, so a source may send
+/// its layers in any order (a trainer updates them last-first); within one layer, the
+/// messages between one source and one clone rank match in the order sent (the
+/// communicator's rule), which both sides walk alike.
+///
+/// What this is today: the transfer at a point where the sources' tensors do not change (an
+/// iteration boundary: stop-the-world), driven by `progress()` or `wait()`. The live engines
+/// do not use it yet; their layer-wise pipeline would call `send_layer(l)` right after layer
+/// `l`'s update. The tags must not overlap those of an engine on the same communicator.
+/// Templated on the communicator and the checksum only.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "checksum.hpp"
+#include "communicator.hpp"
+#include "detail/bytes.hpp"
+#include "detail/outbox.hpp"
+#include "error.hpp"
+#include "holdings.hpp"
+#include "partition_groups.hpp"
+#include "roles.hpp"
+
+namespace deepclone {
+
+namespace detail {
+
+/// One group's checksums, one per message in order, naming the group they belong to.
+struct partition_sums {
+  static constexpr std::uint32_t magic = 0x50534D31;  // "PSM1"
+  std::uint32_t layer = 0, source = 0, clone = 0;
+  std::vector<std::uint64_t> sums;
+  static std::size_t size_for(std::size_t messages) { return 5 * 4 + 8 * messages + 8; }
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic), w.u32(layer), w.u32(source), w.u32(clone), w.u32(static_cast<std::uint32_t>(sums.size()));
+    for (auto s : sums) w.u64(s);
+    return seal(w);
+  }
+  /// Refuses (errc::corrupt_message) anything but the sums of `g`: another group, another
+  /// message count, a broken seal.
+  static partition_sums decode_for(std::span<const std::byte> b, const partition_group& g) {
+    reader r(unseal(b, "partition checksums"), "partition checksums");
+    if (r.u32() != magic) r.fail("bad magic word");
+    partition_sums m;
+    m.layer = r.u32(), m.source = r.u32(), m.clone = r.u32();
+    if (m.layer != g.layer || m.source != g.source || m.clone != g.clone) r.fail("the sums of another group");
+    if (r.u32() != g.messages.size()) r.fail("a message count other than the group's " + std::to_string(g.messages.size()));
+    for (std::size_t i = 0; i < g.messages.size(); ++i) m.sums.push_back(r.u64());
+    r.expect_end();
+    return m;
+  }
+};
+
+/// "layer 1 from source 0 to clone rank 2": how errors name a group.
+inline std::string group_label(const layout& global, const partition_group& g) {
+  return "layer '" + global.layers().at(g.layer).name + "' from source " + std::to_string(g.source) + " to clone rank " +
+         std::to_string(g.clone);
+}
+
+/// The tags of layer `l`: data at tag_base + 2l, sums at tag_base + 2l + 1. Throws
+/// `errc::unsupported` when the layout's layers need tags beyond the communicator's bound.
+template <class Comm>
+int partition_tag(const Comm& c, int tag_base, std::size_t layers, std::uint32_t l, bool sums) {
+  const long long last = static_cast<long long>(tag_base) + 2LL * static_cast<long long>(layers) - 1;
+  if (tag_base < 0 || last > max_tag_of(c))
+    throw error(errc::unsupported, "partitioned transfer: " + std::to_string(layers) + " layers need tags " + std::to_string(tag_base) +
+                                       " to " + std::to_string(last) + "; the communicator allows 0 to " + std::to_string(max_tag_of(c)));
+  return tag_base + 2 * static_cast<int>(l) + (sums ? 1 : 0);
+}
+
+}  // namespace detail
+
+/// Where a transfer runs: the communicator's roles, the global layout, the groups every
+/// rank computed alike, and the first of the 2 x layers tags it uses.
+struct partition_route {
+  const roles& ranks;
+  const layout& global;
+  const partition_groups& groups;
+  int tag_base = 0;
+};
+
+/// A source's side: sends its groups from its own tensors (`tensors[t]`: its part of global
+/// tensor t, as its holdings declare). The tensors must not change until `done()`.
+template <class Comm, class Checksum = checksum::mix64>
+class partition_sender {
+ public:
+  partition_sender(Comm& c, partition_route route, std::uint32_t source, std::span<const std::span<const std::byte>> tensors)
+      : comm_(c), route_(route), source_(source), tensors_(tensors.begin(), tensors.end()) {
+    if (source >= route_.ranks.source_count())
+      throw error(errc::invalid_argument, "partition_sender: source " + std::to_string(source) + " of " +
+                                              std::to_string(route_.ranks.source_count()));
+  }
+  partition_sender(const partition_sender&) = delete;
+  partition_sender& operator=(const partition_sender&) = delete;
+  /// Pending sends are withdrawn; where the transport cannot withdraw them (Open MPI), the
+  /// packed buffers they read outlive the sender (detail::retained_buffers).
+  ~partition_sender() {
+    if (done()) return;
+    cancel();
+    if constexpr (!detail::withdraws_sends<Comm>)
+      for (auto& b : buffers_) detail::retained_buffers::get().keep(std::move(b));
+  }
+
+  /// Sends every group of layer `l` this source serves. Every run is bounds-checked
+  /// against the own tensors before the first byte leaves (errc::invalid_argument).
+  void send_layer(std::uint32_t l) {
+    for (auto gi : route_.groups.sent_by_source(source_)) {
+      const auto& g = route_.groups.groups()[gi];
+      if (g.layer == l) send_group(g);
+    }
+  }
+  void send_all() {
+    for (std::uint32_t l = 0; l < route_.global.layer_count(); ++l) send_layer(l);
+  }
+  /// True once every send posted so far completed.
+  bool done() {
+    for (auto& r : requests_)
+      if (!comm_.test(r)) return false;
+    return true;
+  }
+  /// Blocks until done(); throws errc::timeout after `timeout`.
+  void wait(std::chrono::nanoseconds timeout) {
+    detail::idler<Comm> idle(comm_);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (idle.mark(); !done(); idle.mark()) {
+      if (std::chrono::steady_clock::now() >= until)
+        throw error(errc::timeout, "partitioned transfer: source " + std::to_string(source_) + "'s sends did not complete in time");
+      idle.idle(until);
+    }
+  }
+  /// Withdraws the sends still pending.
+  void cancel() noexcept {
+    for (auto& r : requests_) {
+      try {
+        comm_.cancel(r);
+      } catch (...) {
+      }
+    }
+  }
+
+ private:
+  void send_group(const partition_group& g) {
+    const int data = detail::partition_tag(comm_, route_.tag_base, route_.global.layer_count(), g.layer, false);
+    detail::partition_sums sums{g.layer, g.source, g.clone, {}};
+    std::vector<std::span<const std::byte>> out;
+    for (const auto& m : g.messages) out.push_back(message_bytes(m));  // all checked and packed before any send
+    for (auto b : out) {
+      sums.sums.push_back(Checksum::compute(b));
+      requests_.push_back(comm_.isend(route_.ranks.clones.at(g.clone), data, b));
+    }
+    buffers_.push_back(sums.encode());
+    requests_.push_back(comm_.isend(route_.ranks.clones.at(g.clone), data + 1, std::span<const std::byte>(buffers_.back())));
+  }
+  /// A direct message's run in the own tensor, or a packed message's buffer.
+  std::span<const std::byte> message_bytes(const partition_message& m) {
+    if (!m.packed) return source_run(route_.global, m.runs.front(), tensors_);
+    auto& b = buffers_.emplace_back(static_cast<std::size_t>(m.bytes));
+    pack(route_.global, m.runs, tensors_, b);
+    return b;
+  }
+
+  Comm& comm_;
+  partition_route route_;
+  std::uint32_t source_;
+  std::vector<std::span<const std::byte>> tensors_;
+  std::deque<std::vector<std::byte>> buffers_;  // packed messages and sums, alive until their sends complete
+  std::deque<typename Comm::request_type> requests_;
+};
+
+/// A clone rank's side: receives every group it wants into its own tensors (`tensors[t]`:
+/// its part of global tensor t, as its holdings declare), verifying each message.
+template <class Comm, class Checksum = checksum::mix64>
+class partition_receiver {
+ public:
+  partition_receiver(Comm& c, partition_route route, std::uint32_t clone, std::span<const std::span<std::byte>> tensors)
+      : comm_(c), route_(route), clone_(clone), tensors_(tensors.begin(), tensors.end()) {
+    if (clone >= route_.ranks.clone_count())
+      throw error(errc::invalid_argument, "partition_receiver: clone rank " + std::to_string(clone) + " of " +
+                                              std::to_string(route_.ranks.clone_count()));
+    for (auto gi : route_.groups.received_by_clone(clone_)) post_group(gi);
+  }
+  partition_receiver(const partition_receiver&) = delete;
+  partition_receiver& operator=(const partition_receiver&) = delete;
+  ~partition_receiver() { cancel(); }
+
+  /// Tests the receives; a group whose messages and sums all arrived is verified and
+  /// unpacked. True once every group is. Throws errc::corrupt_message naming the group and
+  /// the tensor of a message whose bytes fail their checksum (nothing of a packed message
+  /// is unpacked then).
+  bool progress() {
+    bool all = true;
+    for (auto& in : incoming_) all = settle(in) && all;
+    return all;
+  }
+  /// True once every group of layer `l` arrived and was verified.
+  bool layer_done(std::uint32_t l) const {
+    for (const auto& in : incoming_)
+      if (!in.verified && route_.groups.groups()[in.group].layer == l) return false;
+    return true;
+  }
+  /// Blocks until progress() is true; throws errc::timeout after `timeout`, naming the first
+  /// group still missing. The receives are withdrawn on any error.
+  void wait(std::chrono::nanoseconds timeout) {
+    detail::idler<Comm> idle(comm_);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    try {
+      for (idle.mark(); !progress(); idle.mark()) {
+        if (std::chrono::steady_clock::now() >= until) throw error(errc::timeout, "partitioned transfer: " + missing() + " did not arrive in time");
+        idle.idle(until);
+      }
+    } catch (...) {
+      cancel();
+      throw;
+    }
+  }
+  /// Withdraws every pending receive: afterwards nothing more is written into the tensors.
+  void cancel() noexcept {
+    for (auto& in : incoming_)
+      for (auto* r : in.requests()) {
+        try {
+          comm_.cancel(*r);
+        } catch (...) {
+        }
+      }
+  }
+
+ private:
+  struct incoming {
+    std::uint32_t group = 0;
+    std::vector<typename Comm::request_type> data;
+    std::vector<std::vector<std::byte>> packed;  // per message; empty for a direct one
+    std::vector<std::byte> sums;
+    typename Comm::request_type sums_request;
+    bool verified = false;
+    std::vector<typename Comm::request_type*> requests() {
+      std::vector<typename Comm::request_type*> out{&sums_request};
+      for (auto& r : data) out.push_back(&r);
+      return out;
+    }
+  };
+
+  void post_group(std::uint32_t gi) {
+    const auto& g = route_.groups.groups()[gi];
+    const int data = detail::partition_tag(comm_, route_.tag_base, route_.global.layer_count(), g.layer, false);
+    const int from = route_.ranks.sources.at(g.source);
+    auto& in = incoming_.emplace_back();
+    in.group = gi;
+    for (const auto& m : g.messages) {
+      auto& buf = in.packed.emplace_back(m.packed ? static_cast<std::size_t>(m.bytes) : 0);
+      const auto into = m.packed ? std::span<std::byte>(buf) : clone_run(route_.global, m.runs.front(), tensors_);
+      in.data.push_back(comm_.irecv(from, data, into));
+    }
+    in.sums.resize(detail::partition_sums::size_for(g.messages.size()));
+    in.sums_request = comm_.irecv(from, data + 1, std::span<std::byte>(in.sums));
+  }
+
+  /// True once group `in` is verified and unpacked (now or before).
+  bool settle(incoming& in) {
+    if (in.verified) return true;
+    const auto sums_bytes = comm_.test(in.sums_request);
+    bool arrived = sums_bytes.has_value();
+    for (auto& r : in.data) arrived = comm_.test(r).has_value() && arrived;
+    if (!arrived) return false;
+    const auto& g = route_.groups.groups()[in.group];
+    const auto sums = detail::partition_sums::decode_for(std::span<const std::byte>(in.sums).first(*sums_bytes), g);
+    for (std::size_t i = 0; i < g.messages.size(); ++i) verify(g, i, in.packed[i], sums.sums[i]);
+    for (std::size_t i = 0; i < g.messages.size(); ++i)
+      if (g.messages[i].packed) unpack(route_.global, g.messages[i].runs, in.packed[i], tensors_);
+    in.verified = true;
+    return true;
+  }
+  void verify(const partition_group& g, std::size_t i, std::span<const std::byte> packed, std::uint64_t sum) const {
+    const auto& m = g.messages[i];
+    const auto bytes = m.packed ? packed : std::span<const std::byte>(clone_run(route_.global, m.runs.front(), tensors_));
+    if (Checksum::compute(bytes) == sum) return;
+    const auto& r = m.runs.front();
+    const auto what = m.packed ? std::to_string(m.runs.size()) + " packed runs, the first of " + detail::tensor_label(route_.global, r.tensor)
+                               : detail::bytes_label(r.global, r.global + r.length) + " of " + detail::tensor_label(route_.global, r.tensor);
+    throw error(errc::corrupt_message, "partitioned transfer: message " + std::to_string(i) + " of " +
+                                           detail::group_label(route_.global, g) + " (" + what + ") failed its checksum");
+  }
+  std::string missing() const {
+    for (const auto& in : incoming_)
+      if (!in.verified) return detail::group_label(route_.global, route_.groups.groups()[in.group]);
+    return "nothing";
+  }
+
+  Comm& comm_;
+  partition_route route_;
+  std::uint32_t clone_;
+  std::vector<std::span<std::byte>> tensors_;
+  std::deque<incoming> incoming_;  // a deque: receives write into its elements' buffers, which must not move
+};
+
+}  // namespace deepclone
