@@ -5,6 +5,7 @@ measurement (or per strategy and link), and the chart is drawn (bench/plot.py, w
 matplotlib is installed). No timing assertions.
   --run-smoke       first runs $BENCH (deepclone_bench, in process) on a tiny configuration into $OUT
   --run-smoke-mpi   first runs $MPIRUN $BENCH (deepclone_bench_mpi, 2 sources + 2 clones) likewise
+  --run-smoke-partition  first runs $BENCH (deepclone_partition_bench) on bert_large at 1/64
 These are the bench-smoke CTest tests."""
 import importlib.util, json, os, shlex, subprocess, sys
 
@@ -88,6 +89,30 @@ def check_mpi(out, rounds):
     print(f"ok: {len(rs)} runs, {len(summ)} strategies x links")
 
 
+PARTITION_REQUIRED = {"layout": str, "link": str, "round": int, "state_bytes": int, "held_bytes": list, "sent_bytes": list,
+                      "expected_sent_bytes": list, "received_bytes": list, "bandwidth_Bps": NUM, "bound_s": NUM,
+                      "readiness_s": NUM, "send_calls_s": NUM, "plan_s": NUM, "verified": bool, "loadavg": list}
+
+
+def check_partition(out, rounds):
+    rs = lines(os.path.join(out, "partition.jsonl"))
+    assert rs, "no measurements"
+    for r in rs:
+        for k, t in PARTITION_REQUIRED.items():
+            assert isinstance(r.get(k), t), f"{k} missing or of the wrong type in {r}"
+        assert r["verified"], f"a clone byte differs from its source's: {r['layout']} {r['link']} round {r['round']}"
+        assert r["readiness_s"] > 0 and r["bound_s"] > 0
+        for sent, want in zip(r["sent_bytes"], r["expected_sent_bytes"]):  # the plan splits every region over its holders
+            assert abs(sent - want) <= 0.01 * want, f"{r['layout']}: a source sends {sent} bytes, expected {want}"
+        assert sum(r["received_bytes"]) == len(r["received_bytes"]) * r["state_bytes"], "replicated clones receive the whole state"
+    groups = {(r["layout"], r["link"]) for r in rs}
+    assert len(rs) == len(groups) * rounds
+    summ = lines(os.path.join(out, "partition_summary.jsonl"))
+    assert len(summ) == len(groups) and all(s["verified"] and s["rounds"] == rounds for s in summ)
+    assert len(table_rows(os.path.join(out, "partition_table.md"))) == len(summ)
+    print(f"ok: {len(rs)} rounds, {len(summ)} layouts x links")
+
+
 if __name__ == "__main__":
     if "--run-smoke" in sys.argv:
         out = os.environ["OUT"]
@@ -101,9 +126,16 @@ if __name__ == "__main__":
                         "--sources", "2", "--clones", "2", "--iteration", "0.02", "--warmup", "3", "--rounds", "2", "--link-gbs", "2",
                         "--storage-gbs", "4", "--quick", "--out", out], check=True, stdout=subprocess.DEVNULL)
         check_mpi(out, 2)
+    elif "--run-smoke-partition" in sys.argv:
+        out = os.environ["OUT"]
+        subprocess.run([os.environ["BENCH"], "--divisor", "64", "--link-gbs", "32", "--rounds", "2", "--out", out],
+                       check=True, stdout=subprocess.DEVNULL)
+        check_partition(out, 2)
     else:
         d = sys.argv[1] if len(sys.argv) > 1 else "."
-        if os.path.exists(os.path.join(d, "summary.jsonl")):
+        if os.path.exists(os.path.join(d, "partition.jsonl")):
+            check_partition(d, max(r["round"] for r in lines(os.path.join(d, "partition.jsonl"))) + 1)
+        elif os.path.exists(os.path.join(d, "summary.jsonl")):
             check_mpi(d, max(r["round"] for r in lines(os.path.join(d, "results.jsonl"))) + 1)
         else:
             check(d)

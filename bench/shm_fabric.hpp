@@ -47,6 +47,7 @@ class shm_fabric {
   /// Creates (`create`) or attaches to the segment `name`.
   shm_fabric(const std::string& name, int ranks, deepclone::link_config cfg, bool create) : ranks_(ranks), name_(name) {
     if (ranks > max_ranks) throw std::invalid_argument("shm_fabric: at most 64 ranks");
+    if (cfg.backfill) throw std::invalid_argument("shm_fabric: busy-until links only (link_config::backfill is in-process)");
     int fd = ::shm_open(name.c_str(), create ? O_CREAT | O_RDWR | O_TRUNC : O_RDWR, 0600);
     if (fd < 0) throw std::runtime_error("shm_open " + name + " failed");
     bytes_ = sizeof(header) + sizeof(slot) * slots + sizeof(key) * keys;

@@ -46,6 +46,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "communicator.hpp"
@@ -57,8 +58,48 @@ namespace deepclone {
 struct link_config {
   double bandwidth = 0;                    ///< bytes per second, each direction; 0: unlimited
   std::chrono::nanoseconds latency{0};     ///< added to every message's completion
+  /// false: a message starts after everything already booked on its two sides (busy
+  /// until). true: in the first gap free on both sides, so a rank that posts a long stream
+  /// at once does not hold a receive side idle between its own messages while others wait
+  /// behind it (what a real network's concurrent flows avoid). Messages of one pair keep
+  /// their order either way.
+  bool backfill = false;
   bool unlimited() const noexcept { return bandwidth <= 0 && latency.count() == 0; }
 };
+
+namespace detail {
+/// One side (send or receive) of one rank's link: the intervals booked on it, disjoint and
+/// sorted, adjacent ones merged.
+template <class TimePoint, class Duration>
+class link_timeline {
+ public:
+  /// The end of the last booking (the epoch when none).
+  TimePoint busy_until() const { return busy_.empty() ? TimePoint{} : std::prev(busy_.end())->second; }
+  /// The earliest t >= from such that [t, t + d) overlaps no booking.
+  TimePoint first_gap(TimePoint from, Duration d) const {
+    auto it = busy_.upper_bound(from);
+    if (it != busy_.begin() && std::prev(it)->second > from) from = std::prev(it)->second;
+    for (; it != busy_.end() && it->first < from + d; ++it) from = std::max(from, it->second);
+    return from;
+  }
+  void book(TimePoint start, TimePoint end) {
+    auto next = busy_.lower_bound(start);
+    if (next != busy_.end() && next->first == end) {
+      end = next->second;
+      next = busy_.erase(next);
+    }
+    if (next != busy_.begin() && std::prev(next)->second == start) std::prev(next)->second = end;
+    else busy_.emplace(start, end);
+  }
+  /// Drops bookings that ended before `t` (no later message can start before it).
+  void forget_before(TimePoint t) {
+    while (busy_.size() > 1 && busy_.begin()->second < t) busy_.erase(busy_.begin());
+  }
+
+ private:
+  std::map<TimePoint, TimePoint> busy_;
+};
+}  // namespace detail
 
 /// The timelines of a world's links; pure, no clock: callers pass the times.
 template <class Clock = std::chrono::steady_clock>
@@ -83,21 +124,50 @@ class link_model {
   time_point schedule(int from, int to, std::size_t bytes, time_point ready) {
     auto& tx = tx_.at(static_cast<std::size_t>(from));
     auto& rx = rx_.at(static_cast<std::size_t>(to));
-    time_point start = std::max({ready, tx, rx});
-    time_point end = start + wire_time(bytes);
-    if (from != to) tx = rx = end;  // a message to oneself uses no link
-    else end = ready;
-    return end + std::chrono::duration_cast<duration>(cfg_.latency);
+    const auto latency = std::chrono::duration_cast<duration>(cfg_.latency);
+    if (from == to) return ready + latency;  // a message to oneself uses no link
+    const auto wire = wire_time(bytes);
+    auto& pair_end = pair_end_[{from, to}];
+    time_point start = cfg_.backfill ? common_gap(tx, rx, std::max(ready, pair_end), wire)
+                                     : std::max({ready, tx.busy_until(), rx.busy_until()});
+    if (wire > duration::zero()) {
+      tx.book(start, start + wire);
+      rx.book(start, start + wire);
+    }
+    pair_end = start + wire;
+    forget_before(ready);
+    return start + wire + latency;
   }
 
-  time_point tx_free(int r) const { return tx_.at(static_cast<std::size_t>(r)); }
-  time_point rx_free(int r) const { return rx_.at(static_cast<std::size_t>(r)); }
+  time_point tx_free(int r) const { return tx_.at(static_cast<std::size_t>(r)).busy_until(); }
+  time_point rx_free(int r) const { return rx_.at(static_cast<std::size_t>(r)).busy_until(); }
   const link_config& config() const noexcept { return cfg_; }
   int size() const noexcept { return static_cast<int>(tx_.size()); }
 
  private:
+  using timeline = detail::link_timeline<time_point, duration>;
+  /// The first t >= from free for `wire` on both sides.
+  static time_point common_gap(const timeline& tx, const timeline& rx, time_point from, duration wire) {
+    for (;;) {
+      const auto a = tx.first_gap(from, wire), b = rx.first_gap(a, wire);
+      if (a == b) return a;
+      from = b;
+    }
+  }
+  /// Bookings that ended well before the newest match time cannot take a message any more
+  /// (match times from different threads arrive a little out of order: keep a second).
+  void forget_before(time_point ready) {
+    horizon_ = std::max(horizon_, ready);
+    if (++calls_ % 256) return;
+    for (auto& t : tx_) t.forget_before(horizon_ - std::chrono::seconds(1));
+    for (auto& t : rx_) t.forget_before(horizon_ - std::chrono::seconds(1));
+  }
+
   link_config cfg_;
-  std::vector<time_point> tx_, rx_;
+  std::vector<timeline> tx_, rx_;
+  std::map<std::pair<int, int>, time_point> pair_end_;
+  time_point horizon_{};
+  std::uint64_t calls_ = 0;
 };
 
 namespace detail {

@@ -60,6 +60,37 @@ TEST_CASE("link_model: start = max(ready, sender free, receiver free); done = st
   CHECK(m.rx_free(2) == t0 + 101ms);
 }
 
+TEST_CASE("link_model with backfill: a message takes the first gap free on both sides, pairs stay in order") {
+  using M = dc::link_model<fake_clock>;
+  fake_clock::time_point t0{};
+  // Source 0 posts its whole stream at once, alternating clone ranks 2 and 3; then source 1
+  // does the same. Busy-until (FIFO) queues source 1 behind everything source 0 booked on
+  // the receive sides; backfill puts it into the gaps source 0 left.
+  auto run = [&](bool backfill) {
+    M m(4, dc::link_config{1e6, 0ms, backfill});  // 1000 bytes: 1 ms
+    std::vector<fake_clock::time_point> done;
+    for (int from : {0, 1})
+      for (int k = 0; k < 4; ++k) done.push_back(m.schedule(from, 2 + (k + from) % 2, 1000, t0));
+    return done;
+  };
+  const auto fifo = run(false), fill = run(true);
+  CHECK(fifo[3] == t0 + 4ms);   // source 0: 1, 2, 3, 4 ms
+  CHECK(fifo[7] == t0 + 8ms);   // source 1 after the receive sides' last booking
+  CHECK(fill[3] == t0 + 4ms);   // source 0 unchanged
+  CHECK(fill[4] == t0 + 1ms);   // source 1 -> 3 fills [0, 1 ms), free on both sides
+  CHECK(fill[5] == t0 + 2ms);   // source 1 -> 2 fills [1, 2 ms)
+  CHECK(fill[7] == t0 + 4ms);   // the whole exchange: 4 ms, the bound (4 ms per receive side)
+
+  // Messages of one pair keep their order even where an earlier gap would fit.
+  M m(3, dc::link_config{1e6, 1ms, true});
+  CHECK(m.schedule(1, 2, 1000, t0 + 5ms) == t0 + 7ms);   // [5, 6 ms) + latency
+  CHECK(m.schedule(0, 2, 2000, t0) == t0 + 3ms);         // [0, 2 ms): before the booking above
+  CHECK(m.schedule(1, 2, 1000, t0) == t0 + 8ms);         // gap [2, 3 ms) fits, but after pair 1->2's [5, 6 ms)
+  CHECK(m.schedule(0, 0, 1 << 20, t0) == t0 + 1ms);      // to oneself: latency only
+  CHECK(m.tx_free(1) == t0 + 7ms);
+  CHECK(m.rx_free(2) == t0 + 7ms);
+}
+
 TEST_CASE("emulated_link: a message completes on both sides only once the model's time has passed (fake clock)") {
   fake_clock::t = {};
   dc::inproc::world w(2);

@@ -1,0 +1,464 @@
+// Partitioned state (issue 12 item 7): how fast the partitioned plan's bytes reach the clone
+// ranks, against the bound of the busiest link, and how the work spreads over the sources.
+//
+// A model's real layout (tests/models, bert_large by default) with Adam's two slots per
+// parameter, every tensor's dimension 0 divided by --divisor (8: ~500 MB of global state),
+// in two layouts a large trainer uses:
+//   zero1   ZeRO-1 over N=4 data-parallel sources: parameters replicated, the slots one flat
+//           buffer cut into 4 equal contiguous ranges (so a tensor is held by one rank, or
+//           split unevenly over two) -> M=2 replicated clone ranks;
+//   tp2dp2  tensor parallel 2 x data parallel 2 (Megatron's split of a transformer: QKV,
+//           linear1 and the vocabulary embedding column-parallel along dim 0, their biases
+//           too; out_proj and linear2 row-parallel along dim 1, their biases replicated;
+//           the rest replicated; Adam's slots split as their parameter) -> TP1 on M=2.
+// Every rank is a thread of the in-process transport; each rank's links are left as they are
+// ("raw") or paced by emulated_link at --link-gbs full-scale GB/s (paced at link_gbs / divisor
+// so that times match the full-size model), busy-until ("emulated", as every other bench) or
+// with backfill ("emulated_backfill": a message takes the first gap free on both of its
+// sides, as concurrent flows share a real network; see link_config). The sources send every
+// layer's groups at a common start (the state is final: an iteration boundary) through
+// partition_sender, the clone ranks receive and verify them through partition_receiver.
+//
+// Per round: readiness (common start -> last clone rank holds every byte, verified), the
+// bound max over ranks of (bytes through its link) / B with B measured on the same transport
+// in the same run, bytes sent per source against M x sum over tensors of (held / replication
+// factor), and the time the sources spend inside send calls (packing, checksums). Every
+// clone byte is checked against the value of its global position after each round.
+// Writes DIR/partition.jsonl (one line per round), DIR/partition_summary.jsonl (median,
+// min, max per layout and link) and DIR/partition_table.md.
+#include <deepclone/emulated_link.hpp>
+#include <deepclone/inproc.hpp>
+#include <deepclone/integrations/json.hpp>
+#include <deepclone/partition_transfer.hpp>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models.hpp"  // tests/support/models.hpp
+
+namespace {
+
+namespace dc = deepclone;
+using clock_type = std::chrono::steady_clock;
+using link = dc::emulated_link<dc::inproc::communicator>;
+double secs(clock_type::time_point a, clock_type::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+struct options {
+  std::string models_dir = DEEPCLONE_MODELS_DIR, model = "bert_large", out_dir = ".";
+  std::uint64_t divisor = 8;  ///< every tensor's dimension 0 is divided by this
+  double link_gbs = 1.0, latency_us = 20;
+  int rounds = 3;
+  std::vector<std::string> layouts{"zero1", "tp2dp2"}, links{"raw", "emulated", "emulated_backfill"};
+};
+
+/// The model with Adam's slots, dimension 0 of every tensor divided by `divisor` (at least 1).
+dc::layout scaled_model(const options& o) {
+  auto full = dc::testing::load_model(o.models_dir, o.model, dc::testing::optimizer::adam);
+  std::vector<dc::layer_desc> layers = full.layers();
+  for (auto& l : layers)
+    for (auto& t : l.tensors) {
+      t.shape[0] = std::max<std::int64_t>(1, t.shape[0] / static_cast<std::int64_t>(o.divisor));
+      t.bytes = dc::dtype_size(t.type);
+      for (auto x : t.shape) t.bytes *= static_cast<std::uint64_t>(x);
+    }
+  return dc::layout(std::move(layers));
+}
+
+bool is_slot(const std::string& name) { return name.ends_with(".exp_avg") || name.ends_with(".exp_avg_sq"); }
+std::uint64_t elements(const dc::tensor_desc& d) { return d.bytes / dc::dtype_size(d.type); }
+
+/// A layout's holdings on both sides and its name.
+struct scenario {
+  std::string name;
+  std::vector<dc::holdings> src, dst;
+};
+
+/// ZeRO-1 over 4 sources: the slots of every tensor, concatenated in layout order, are one
+/// flat buffer cut into 4 equal ranges; each rank holds its range's intersection with each
+/// slot tensor (uneven, often empty). Parameters are replicated.
+scenario zero1(const dc::layout& lay) {
+  scenario s{"zero1", std::vector<dc::holdings>(4, dc::holdings(lay.tensor_count())), std::vector<dc::holdings>(2, dc::holdings::replicated(lay))};
+  std::uint64_t total = 0;
+  for (std::size_t t = 0; t < lay.tensor_count(); ++t)
+    if (is_slot(lay.tensor(t).name)) total += elements(lay.tensor(t));
+  std::uint64_t at = 0;  // the tensor's first element in the flat buffer
+  for (std::size_t t = 0; t < lay.tensor_count(); ++t) {
+    const auto& d = lay.tensor(t);
+    for (std::uint64_t r = 0; r < 4; ++r) {
+      if (!is_slot(d.name)) {
+        s.src[r].of_tensor[t] = {dc::part::whole()};
+        continue;
+      }
+      const auto lo = std::max(at, r * total / 4), hi = std::min(at + elements(d), (r + 1) * total / 4);
+      if (lo < hi) s.src[r].of_tensor[t] = {dc::part::flat(lo - at, hi - at)};
+    }
+    if (is_slot(d.name)) at += elements(d);
+  }
+  return s;
+}
+
+/// How Megatron splits a tensor of the named layer over the tensor-parallel ranks.
+enum class split { replicated, column, row };
+split tp_split(const std::string& layer, const dc::tensor_desc& d) {
+  if (layer.ends_with("self_attn") || layer.ends_with("linear1") || layer == "embeddings.word") return split::column;
+  if ((layer.ends_with("out_proj") || layer.ends_with("linear2")) && d.shape.size() == 2) return split::row;
+  return split::replicated;
+}
+
+/// Half `h` (0 or 1) of dimension `dim` of tensor `d`, as a box.
+dc::part half_box(const dc::tensor_desc& d, std::size_t dim, std::uint64_t h) {
+  std::vector<std::uint64_t> start(d.shape.size(), 0), count;
+  for (auto x : d.shape) count.push_back(static_cast<std::uint64_t>(x));
+  const auto n = count[dim];
+  start[dim] = h * (n / 2);
+  count[dim] = h ? n - n / 2 : n / 2;
+  return dc::part::box(start, count);
+}
+
+/// Tensor parallel 2 x data parallel 2: sources 0,1 are the TP ranks of replica 0; 2,3 of replica 1.
+scenario tp2dp2(const dc::layout& lay) {
+  scenario s{"tp2dp2", std::vector<dc::holdings>(4, dc::holdings(lay.tensor_count())), std::vector<dc::holdings>(2, dc::holdings::replicated(lay))};
+  for (std::size_t t = 0; t < lay.tensor_count(); ++t) {
+    const auto& d = lay.tensor(t);
+    const auto how = tp_split(lay.layers()[lay.layer_of(t)].name, d);
+    for (std::uint64_t r = 0; r < 4; ++r)
+      s.src[r].of_tensor[t] = {how == split::replicated ? dc::part::whole() : half_box(d, how == split::column ? 0 : 1, r % 2)};
+  }
+  return s;
+}
+
+/// Calls f(first global element, first local element, elements) for each contiguous run of
+/// part `p` of tensor `d` (boxes: one run per row of the last dimension).
+template <class F>
+void for_runs(const dc::tensor_desc& d, const dc::part& p, F f) {
+  const std::uint64_t local = p.local_offset / dc::dtype_size(d.type);
+  if (p.kind == dc::part::shape_kind::whole) return f(std::uint64_t{0}, local, elements(d));
+  if (p.kind == dc::part::shape_kind::flat) return f(p.begin, local, p.end - p.begin);
+  const std::size_t last = d.shape.size() - 1;
+  std::vector<std::uint64_t> idx(d.shape.size(), 0);
+  for (std::uint64_t at = local;; at += p.count[last]) {
+    std::uint64_t global = 0;
+    for (std::size_t k = 0; k < d.shape.size(); ++k) global = global * static_cast<std::uint64_t>(d.shape[k]) + p.start[k] + idx[k];
+    f(global, at, p.count[last]);
+    std::size_t k = last;
+    while (k-- > 0 && ++idx[k] == p.count[k]) idx[k] = 0;
+    if (k == static_cast<std::size_t>(-1)) return;
+  }
+}
+
+/// The value every copy of element `e` of tensor `t` holds.
+std::uint32_t pattern(std::size_t t, std::uint64_t e) { return static_cast<std::uint32_t>((e + 1) * 2654435761u ^ (t * 40503u)); }
+
+/// One rank's own tensors sized as its holdings say; sources filled with the pattern.
+std::vector<std::vector<std::byte>> own_tensors(const dc::layout& lay, const dc::holdings& h, bool fill) {
+  std::vector<std::vector<std::byte>> out(lay.tensor_count());
+  for (std::size_t t = 0; t < lay.tensor_count(); ++t) {
+    const auto& d = lay.tensor(t);
+    const auto es = dc::dtype_size(d.type);
+    std::uint64_t n = 0;
+    for (const auto& p : h.of_tensor[t]) for_runs(d, p, [&](std::uint64_t, std::uint64_t l, std::uint64_t k) { n = std::max(n, (l + k) * es); });
+    out[t].assign(n, std::byte{0xEE});  // value-initialised: pre-faulted
+    if (!fill) continue;
+    for (const auto& p : h.of_tensor[t])
+      for_runs(d, p, [&](std::uint64_t g, std::uint64_t l, std::uint64_t k) {
+        for (std::uint64_t i = 0; i < k; ++i) {
+          const auto v = pattern(t, g + i);
+          std::memcpy(out[t].data() + (l + i) * es, &v, std::min<std::size_t>(es, sizeof v));
+        }
+      });
+  }
+  return out;
+}
+
+/// Whether every byte a clone rank wants holds the pattern of its global position.
+bool verify(const dc::layout& lay, const dc::holdings& h, const std::vector<std::vector<std::byte>>& own) {
+  bool ok = true;
+  for (std::size_t t = 0; t < lay.tensor_count() && ok; ++t) {
+    const auto& d = lay.tensor(t);
+    const auto es = dc::dtype_size(d.type);
+    for (const auto& p : h.of_tensor[t])
+      for_runs(d, p, [&](std::uint64_t g, std::uint64_t l, std::uint64_t k) {
+        for (std::uint64_t i = 0; i < k && ok; ++i) {
+          const auto v = pattern(t, g + i);
+          ok = std::memcmp(own[t].data() + (l + i) * es, &v, std::min<std::size_t>(es, sizeof v)) == 0;
+        }
+      });
+  }
+  return ok;
+}
+
+template <class Byte>
+std::vector<std::span<Byte>> spans(std::vector<std::vector<std::byte>>& ts) {
+  std::vector<std::span<Byte>> out;
+  for (auto& t : ts) out.emplace_back(t.data(), t.size());
+  return out;
+}
+
+/// Bytes each source holds, and what it should send when every region is split evenly over
+/// its holders: M x sum over tensors of held / replication factor (clone ranks replicated).
+struct expectation {
+  std::vector<std::uint64_t> held;
+  std::vector<double> sent;
+};
+expectation expected(const dc::layout& lay, const scenario& s) {
+  const auto n = s.src.size();
+  expectation e{std::vector<std::uint64_t>(n, 0), std::vector<double>(n, 0)};
+  for (std::size_t t = 0; t < lay.tensor_count(); ++t) {
+    std::vector<std::uint64_t> held(n, 0);
+    std::uint64_t all = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      for (const auto& p : s.src[r].of_tensor[t]) for_runs(lay.tensor(t), p, [&](std::uint64_t, std::uint64_t, std::uint64_t k) { held[r] += k; });
+      held[r] *= dc::dtype_size(lay.tensor(t).type);
+      all += held[r];
+    }
+    const double replication = static_cast<double>(all) / static_cast<double>(lay.tensor(t).bytes);
+    for (std::size_t r = 0; r < n; ++r) {
+      e.held[r] += held[r];
+      e.sent[r] += static_cast<double>(s.dst.size()) * static_cast<double>(held[r]) / replication;
+    }
+  }
+  return e;
+}
+
+/// What one round measured.
+struct round_result {
+  double readiness_s = 0, send_calls_s = 0;
+  bool verified = true;
+};
+
+/// Runs one transfer of `s`: every rank on its own thread over `fabric`, a common start.
+round_result run_round(const dc::layout& lay, const scenario& s, const dc::partition_route& route, std::shared_ptr<dc::link_fabric<>> fabric,
+                       std::vector<std::vector<std::vector<std::byte>>>& src, std::vector<std::vector<std::vector<std::byte>>>& dst) {
+  const auto n = s.src.size(), m = s.dst.size();
+  for (auto& c : dst)
+    for (auto& t : c) std::fill(t.begin(), t.end(), std::byte{0xEE});
+  dc::inproc::world w(static_cast<int>(n + m));
+  std::barrier start(static_cast<std::ptrdiff_t>(n + m));
+  clock_type::time_point t0;
+  std::vector<clock_type::time_point> done(m);
+  std::vector<double> send_calls(n);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      link comm(w.comm(static_cast<int>(i)), fabric);
+      const auto own = spans<const std::byte>(src[i]);
+      dc::partition_sender<link> send(comm, route, static_cast<std::uint32_t>(i), own);
+      start.arrive_and_wait();
+      if (i == 0) t0 = clock_type::now();
+      const auto c0 = clock_type::now();
+      for (auto l = static_cast<std::uint32_t>(lay.layer_count()); l-- > 0;) send.send_layer(l);  // as a trainer's updates come
+      send_calls[i] = secs(c0, clock_type::now());
+      send.wait(std::chrono::minutes(5));
+    });
+  for (std::size_t c = 0; c < m; ++c)
+    threads.emplace_back([&, c] {
+      link comm(w.comm(static_cast<int>(n + c)), fabric);
+      const auto own = spans<std::byte>(dst[c]);
+      dc::partition_receiver<link> receive(comm, route, static_cast<std::uint32_t>(c), own);
+      start.arrive_and_wait();
+      receive.wait(std::chrono::minutes(5));
+      done[c] = clock_type::now();
+    });
+  for (auto& t : threads) t.join();
+  round_result r{secs(t0, *std::max_element(done.begin(), done.end())), *std::max_element(send_calls.begin(), send_calls.end()), true};
+  for (std::size_t c = 0; c < m; ++c) r.verified = r.verified && verify(lay, s.dst[c], dst[c]);
+  return r;
+}
+
+/// Point-to-point bandwidth from rank 0 to rank 1 over `fabric` (best of 3, `bytes` each).
+double probe_bandwidth(std::shared_ptr<dc::link_fabric<>> fabric, int ranks, std::size_t bytes) {
+  std::vector<std::byte> out(bytes, std::byte{1}), in(bytes, std::byte{0});
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    dc::inproc::world w(ranks);
+    double t = 0;
+    std::thread receiver([&] {
+      link comm(w.comm(1), fabric);
+      const auto t0 = clock_type::now();
+      auto r = comm.irecv(0, 7, in);
+      comm.wait(r);
+      t = secs(t0, clock_type::now());
+    });
+    link comm(w.comm(0), fabric);
+    auto s = comm.isend(1, 7, out);
+    comm.wait(s);
+    receiver.join();
+    best = std::max(best, static_cast<double>(bytes) / t);
+  }
+  return best;
+}
+
+std::vector<double> loadavg() {
+  std::ifstream f("/proc/loadavg");
+  std::vector<double> v(3, 0);
+  f >> v[0] >> v[1] >> v[2];
+  return v;
+}
+
+/// Everything about one layout that does not change between rounds.
+struct setup {
+  scenario s;
+  dc::partition_plan plan;
+  dc::partition_groups groups;
+  double plan_s = 0;
+  expectation expect;
+  std::uint64_t busiest_link = 0;  ///< bytes through the busiest rank's link
+};
+
+setup prepare(const dc::layout& lay, scenario s) {
+  const auto t0 = clock_type::now();
+  auto plan = dc::make_partition_plan(lay, s.src, s.dst);
+  auto groups = dc::make_partition_groups(plan, static_cast<std::uint32_t>(s.src.size()), static_cast<std::uint32_t>(s.dst.size()));
+  const double plan_s = secs(t0, clock_type::now());
+  auto e = expected(lay, s);
+  std::uint64_t busiest = 0;
+  for (std::uint32_t r = 0; r < s.src.size(); ++r) busiest = std::max(busiest, groups.bytes_sent_by_source(r));
+  for (std::uint32_t c = 0; c < s.dst.size(); ++c) busiest = std::max(busiest, groups.bytes_received_by_clone(c));
+  return {std::move(s), std::move(plan), std::move(groups), plan_s, std::move(e), busiest};
+}
+
+nlohmann::json row(const options& o, const dc::layout& lay, const setup& st, const std::string& link_name, double B, int round,
+                   const round_result& r) {
+  std::vector<std::uint64_t> sent, received, messages;
+  for (std::uint32_t i = 0; i < st.s.src.size(); ++i) {
+    sent.push_back(st.groups.bytes_sent_by_source(i));
+    messages.push_back(st.groups.messages_sent_by_source(i));
+  }
+  for (std::uint32_t c = 0; c < st.s.dst.size(); ++c) received.push_back(st.groups.bytes_received_by_clone(c));
+  const double bound = static_cast<double>(st.busiest_link) / B;
+  return {{"model", o.model}, {"layout", st.s.name}, {"divisor", o.divisor}, {"sources", st.s.src.size()}, {"clones", st.s.dst.size()},
+          {"link", link_name}, {"round", round}, {"state_bytes", lay.total_bytes()}, {"held_bytes", st.expect.held},
+          {"sent_bytes", sent}, {"expected_sent_bytes", st.expect.sent}, {"received_bytes", received}, {"messages", messages},
+          {"bandwidth_Bps", B}, {"bound_s", bound}, {"readiness_s", r.readiness_s}, {"readiness_over_bound", r.readiness_s / bound},
+          {"send_calls_s", r.send_calls_s}, {"plan_s", st.plan_s}, {"verified", r.verified}, {"loadavg", loadavg()}};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+/// Median, min and max of one figure over the rounds of one layout and link.
+nlohmann::json spread(const std::vector<nlohmann::json>& rows, const char* key) {
+  std::vector<double> v;
+  for (const auto& r : rows) v.push_back(r[key].get<double>());
+  return {{"median", median(v)}, {"min", *std::min_element(v.begin(), v.end())}, {"max", *std::max_element(v.begin(), v.end())}};
+}
+
+nlohmann::json summary(const std::vector<nlohmann::json>& rows) {
+  const auto& f = rows.front();
+  bool verified = true;
+  for (const auto& r : rows) verified = verified && r["verified"].get<bool>();
+  return {{"model", f["model"]}, {"layout", f["layout"]}, {"link", f["link"]}, {"rounds", rows.size()}, {"state_bytes", f["state_bytes"]},
+          {"sent_bytes", f["sent_bytes"]}, {"expected_sent_bytes", f["expected_sent_bytes"]}, {"bound_s", spread(rows, "bound_s")},
+          {"readiness_s", spread(rows, "readiness_s")}, {"readiness_over_bound", spread(rows, "readiness_over_bound")},
+          {"send_calls_s", spread(rows, "send_calls_s")}, {"verified", verified}};
+}
+
+std::string table(const std::vector<nlohmann::json>& summaries) {
+  std::ostringstream t;
+  t.precision(3);
+  t << "| link | layout | state MB | MB sent per source (expected) | readiness s (min-max) | bound s | readiness/bound | send calls s |\n"
+    << "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& s : summaries) {
+    t << "| " << s["link"].get<std::string>() << " | " << s["layout"].get<std::string>() << " | " << s["state_bytes"].get<double>() / 1e6 << " | ";
+    for (std::size_t i = 0; i < s["sent_bytes"].size(); ++i)
+      t << (i ? ", " : "") << s["sent_bytes"][i].get<double>() / 1e6 << " (" << s["expected_sent_bytes"][i].get<double>() / 1e6 << ")";
+    const auto& r = s["readiness_s"];
+    t << " | " << r["median"].get<double>() << " (" << r["min"].get<double>() << "-" << r["max"].get<double>() << ") | "
+      << s["bound_s"]["median"].get<double>() << " | " << s["readiness_over_bound"]["median"].get<double>() << " | "
+      << s["send_calls_s"]["median"].get<double>() << " |\n";
+  }
+  return t.str();
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  auto list = [](const std::string& v) {
+    std::vector<std::string> out;
+    std::stringstream ss(v);
+    for (std::string x; std::getline(ss, x, ',');) out.push_back(x);
+    return out;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+    const std::string v = argv[++i];
+    if (a == "--model") o.model = v;
+    else if (a == "--models-dir") o.models_dir = v;
+    else if (a == "--divisor") o.divisor = std::stoull(v);
+    else if (a == "--link-gbs") o.link_gbs = std::stod(v);
+    else if (a == "--latency-us") o.latency_us = std::stod(v);
+    else if (a == "--rounds") o.rounds = std::stoi(v);
+    else if (a == "--layouts") o.layouts = list(v);
+    else if (a == "--links") o.links = list(v);
+    else if (a == "--out") o.out_dir = v;
+    else throw std::invalid_argument("unknown option " + a);
+  }
+  if (o.divisor == 0 || o.rounds < 1) throw std::invalid_argument("--divisor and --rounds must be positive");
+  return o;
+}
+
+/// Every round of one layout over one link; returns its rows.
+std::vector<nlohmann::json> measure(const options& o, const dc::layout& lay, const setup& st, const std::string& link_name, std::ostream& jl) {
+  const int ranks = static_cast<int>(st.s.src.size() + st.s.dst.size());
+  dc::link_config cfg;
+  if (link_name == "emulated" || link_name == "emulated_backfill")
+    cfg = {o.link_gbs * 1e9 / static_cast<double>(o.divisor), std::chrono::nanoseconds(static_cast<long>(o.latency_us * 1e3)),
+           link_name == "emulated_backfill"};
+  else if (link_name != "raw") throw std::invalid_argument("unknown link " + link_name);
+  auto fabric = std::make_shared<dc::link_fabric<>>(ranks, cfg);
+  const double B = probe_bandwidth(fabric, ranks, std::min<std::size_t>(lay.total_bytes() / 4, std::size_t{128} << 20));
+  const dc::roles roles = dc::roles::contiguous(static_cast<std::uint32_t>(st.s.src.size()), static_cast<std::uint32_t>(st.s.dst.size()));
+  const dc::partition_route route{roles, lay, st.groups, 100};
+  std::vector<std::vector<std::vector<std::byte>>> src, dst;
+  for (const auto& h : st.s.src) src.push_back(own_tensors(lay, h, true));
+  for (const auto& h : st.s.dst) dst.push_back(own_tensors(lay, h, false));
+  std::vector<nlohmann::json> rows;
+  for (int round = 0; round < o.rounds; ++round) {
+    rows.push_back(row(o, lay, st, link_name, B, round, run_round(lay, st.s, route, fabric, src, dst)));
+    jl << rows.back().dump() << "\n" << std::flush;
+    std::cerr << st.s.name << " " << link_name << " round " << round << ": readiness " << rows.back()["readiness_s"].get<double>()
+              << " s, bound " << rows.back()["bound_s"].get<double>() << " s, verified " << rows.back()["verified"].get<bool>() << "\n";
+  }
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const auto o = parse(argc, argv);
+  std::filesystem::create_directories(o.out_dir);
+  const auto lay = scaled_model(o);
+  std::cerr << o.model << " + Adam, dimension 0 / " << o.divisor << ": " << lay.total_bytes() / 1e6 << " MB of global state, "
+            << lay.tensor_count() << " tensors in " << lay.layer_count() << " layers\n";
+  std::ofstream jl(o.out_dir + "/partition.jsonl"), sl(o.out_dir + "/partition_summary.jsonl");
+  std::vector<nlohmann::json> summaries;
+  for (const auto& name : o.layouts) {
+    if (name != "zero1" && name != "tp2dp2") throw std::invalid_argument("unknown layout " + name);
+    const auto st = prepare(lay, name == "zero1" ? zero1(lay) : tp2dp2(lay));
+    for (const auto& link_name : o.links) {
+      summaries.push_back(summary(measure(o, lay, st, link_name, jl)));
+      sl << summaries.back().dump() << "\n";
+    }
+  }
+  std::ofstream(o.out_dir + "/partition_table.md") << table(summaries);
+  std::cout << table(summaries);
+  for (const auto& s : summaries)
+    if (!s["verified"].get<bool>()) return 1;
+  return 0;
+} catch (const std::exception& e) {
+  std::cerr << "partition_bench: " << e.what() << "\n";
+  return 2;
+}
