@@ -1,10 +1,13 @@
-// libFuzzer harness: arbitrary bytes into every decoder of received messages. A decoder
+// libFuzzer harness: arbitrary bytes into every decoder of received messages (the
+// partitioned state's declaration and checksum lists included). A decoder
 // may only return a value or throw deepclone::error; anything else (a crash, a sanitizer
 // report, another exception) is a finding. The first byte picks the decoder; with its top
 // bit set the bytes are sealed first (control messages end in a checksum of their bytes,
 // which random input almost never matches), so that the fields behind the seal are fuzzed too.
 #include <deepclone/deepclone.hpp>
 #include <deepclone/detail/wire.hpp>
+#include <deepclone/partition_declaration.hpp>
+#include <deepclone/partition_transfer.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +30,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     switch ((data[0] & 0x7f) % 16) {
       case 0: { auto l = dc::layout::decode(b); (void)l.fingerprint(); (void)l.encode(); break; }
-      case 1: { auto m = dc::metadata::decode(b); if (!(dc::metadata::decode(m.encode()) == m)) __builtin_trap(); break; }
+      case 1: {  // compared as bytes: a NaN hyper-parameter is never == itself
+        auto m = dc::metadata::decode(b);
+        if (dc::metadata::decode(m.encode()).encode() != m.encode()) __builtin_trap();
+        break;
+      }
       case 2: (void)dc::detail::request_msg::decode(b); break;
       case 3: (void)dc::detail::decision_msg::decode(b); break;
       case 4: { auto h = dc::detail::group_header::decode(b); if (h.encode().size() != b.size()) __builtin_trap(); break; }
@@ -39,6 +46,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 10: (void)dc::detail::refetch_msg::decode(b); break;
       case 11: (void)dc::detail::digest_msg::decode(b); break;
       case 12: (void)dc::detail::layout_msg::decode(b); break;
+      case 13: {  // partitioned state: the global declaration both sides compare
+        auto d = dc::global_declaration::decode(b);
+        if (!(dc::global_declaration::decode(d.encode()) == d)) __builtin_trap();
+        (void)d.fingerprint();
+        break;
+      }
+      case 14: {  // partitioned state: a group's checksum list, for a group of 3 messages
+        dc::partition_group g{1, 2, 0, std::vector<dc::partition_message>(3), 0};
+        if (dc::detail::partition_sums::decode_for(b, g).sums.size() != 3) __builtin_trap();
+        break;
+      }
     }
   } catch (const dc::error&) {
   }
