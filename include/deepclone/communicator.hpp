@@ -109,6 +109,20 @@ concept collective_communicator =
       { c.allreduce_sum(v) } -> std::same_as<void>;
     };
 
+/// Optional: one message over several byte ranges, gathered from them by the transport on
+/// the sender and scattered into them on the receiver (MPI derived datatypes), instead of
+/// deepclone packing them into a buffer and out again. On the wire it is the ranges' bytes
+/// in order, exactly as if packed: the other side may send or receive it contiguously. The
+/// list is read during the call; the ranges must stay valid until the request completes.
+/// `test` reports the bytes sent or received, as for `isend`/`irecv`.
+template <class C>
+concept gathering_communicator =
+    point_to_point_communicator<C> && requires(C& c, int peer, int tag, std::span<const std::span<const std::byte>> out,
+                                               std::span<const std::span<std::byte>> in) {
+      { c.isend_gather(peer, tag, out) } -> std::same_as<typename C::request_type>;
+      { c.irecv_scatter(peer, tag, in) } -> std::same_as<typename C::request_type>;
+    };
+
 /// Optional: a communicator whose isend/irecv accept device pointers (CUDA-aware MPI).
 /// Specialise to `true` for such an adapter.
 template <class C>

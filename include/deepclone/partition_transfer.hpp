@@ -40,7 +40,21 @@ namespace deepclone {
 
 namespace detail {
 
-/// One group's checksums, one per message in order, naming the group they belong to.
+/// How many checksums group `g` carries: one per message, one per run of a gathered one.
+inline std::size_t sum_count(const partition_group& g) {
+  std::size_t n = 0;
+  for (const auto& m : g.messages) n += m.sum_count();
+  return n;
+}
+
+/// Whether message `m` travels gathered on `Comm` (without packing), or contiguously.
+template <class Comm>
+bool gathers(const partition_message& m) {
+  return gathering_communicator<Comm> && m.gather;
+}
+
+/// One group's checksums in message order (one per run of a gathered message), naming the
+/// group they belong to.
 struct partition_sums {
   static constexpr std::uint32_t magic = 0x50534D31;  // "PSM1"
   std::uint32_t layer = 0, source = 0, clone = 0;
@@ -60,8 +74,9 @@ struct partition_sums {
     partition_sums m;
     m.layer = r.u32(), m.source = r.u32(), m.clone = r.u32();
     if (m.layer != g.layer || m.source != g.source || m.clone != g.clone) r.fail("the sums of another group");
-    if (r.u32() != g.messages.size()) r.fail("a message count other than the group's " + std::to_string(g.messages.size()));
-    for (std::size_t i = 0; i < g.messages.size(); ++i) m.sums.push_back(r.u64());
+    const auto n = sum_count(g);
+    if (r.u32() != n) r.fail("a checksum count other than the group's " + std::to_string(n));
+    for (std::size_t i = 0; i < n; ++i) m.sums.push_back(r.u64());
     r.expect_end();
     return m;
   }
@@ -155,17 +170,39 @@ class partition_sender {
   }
 
  private:
+  /// One message ready to go: its bytes (direct or packed), or its runs (gathered).
+  struct outgoing {
+    std::span<const std::byte> bytes;
+    std::vector<std::span<const std::byte>> runs;
+  };
+
   void send_group(const partition_group& g) {
     const int data = detail::partition_tag(comm_, route_.tag_base, route_.global.layer_count(), g.layer, false);
+    const int to = route_.ranks.clones.at(g.clone);
     detail::partition_sums sums{g.layer, g.source, g.clone, {}};
-    std::vector<std::span<const std::byte>> out;
-    for (const auto& m : g.messages) out.push_back(message_bytes(m));  // all checked and packed before any send
-    for (auto b : out) {
-      sums.sums.push_back(Checksum::compute(b));
-      requests_.push_back(comm_.isend(route_.ranks.clones.at(g.clone), data, b));
+    std::vector<outgoing> out;
+    for (const auto& m : g.messages) out.push_back(prepare(m, sums.sums));  // all checked and packed before any send
+    for (const auto& o : out) {
+      if constexpr (gathering_communicator<Comm>)
+        if (!o.runs.empty()) {
+          requests_.push_back(comm_.isend_gather(to, data, o.runs));
+          continue;
+        }
+      requests_.push_back(comm_.isend(to, data, o.bytes));
     }
     buffers_.push_back(sums.encode());
-    requests_.push_back(comm_.isend(route_.ranks.clones.at(g.clone), data + 1, std::span<const std::byte>(buffers_.back())));
+    requests_.push_back(comm_.isend(to, data + 1, std::span<const std::byte>(buffers_.back())));
+  }
+  /// Checks (and packs, unless it is gathered) message `m`; appends its checksums to `sums`.
+  outgoing prepare(const partition_message& m, std::vector<std::uint64_t>& sums) {
+    outgoing o;
+    if (detail::gathers<Comm>(m))
+      for (const auto& r : m.runs) o.runs.push_back(source_run(route_.global, r, tensors_));
+    else
+      o.bytes = message_bytes(m);
+    const auto parts = !o.runs.empty() ? o.runs : m.gather ? packed_runs(m, o.bytes) : std::vector{o.bytes};
+    for (auto p : parts) sums.push_back(Checksum::compute(p));
+    return o;
   }
   /// A direct message's run in the own tensor, or a packed message's buffer.
   std::span<const std::byte> message_bytes(const partition_message& m) {
@@ -262,11 +299,17 @@ class partition_receiver {
     auto& in = incoming_.emplace_back();
     in.group = gi;
     for (const auto& m : g.messages) {
-      auto& buf = in.packed.emplace_back(m.packed ? static_cast<std::size_t>(m.bytes) : 0);
+      const bool buffered = m.packed && !detail::gathers<Comm>(m);
+      auto& buf = in.packed.emplace_back(buffered ? static_cast<std::size_t>(m.bytes) : 0);
+      if constexpr (gathering_communicator<Comm>)
+        if (m.gather) {
+          in.data.push_back(comm_.irecv_scatter(from, data, clone_runs(m)));
+          continue;
+        }
       const auto into = m.packed ? std::span<std::byte>(buf) : clone_run(route_.global, m.runs.front(), tensors_);
       in.data.push_back(comm_.irecv(from, data, into));
     }
-    in.sums.resize(detail::partition_sums::size_for(g.messages.size()));
+    in.sums.resize(detail::partition_sums::size_for(detail::sum_count(g)));
     in.sums_request = comm_.irecv(from, data + 1, std::span<std::byte>(in.sums));
   }
 
@@ -279,21 +322,36 @@ class partition_receiver {
     if (!arrived) return false;
     const auto& g = route_.groups.groups()[in.group];
     const auto sums = detail::partition_sums::decode_for(std::span<const std::byte>(in.sums).first(*sums_bytes), g);
-    for (std::size_t i = 0; i < g.messages.size(); ++i) verify(g, i, in.packed[i], sums.sums[i]);
+    for (std::size_t i = 0, k = 0; i < g.messages.size(); k += g.messages[i].sum_count(), ++i)
+      verify(g, i, in.packed[i], std::span<const std::uint64_t>(sums.sums).subspan(k, g.messages[i].sum_count()));
     for (std::size_t i = 0; i < g.messages.size(); ++i)
-      if (g.messages[i].packed) unpack(route_.global, g.messages[i].runs, in.packed[i], tensors_);
+      if (g.messages[i].packed && !detail::gathers<Comm>(g.messages[i])) unpack(route_.global, g.messages[i].runs, in.packed[i], tensors_);
     in.verified = true;
     return true;
   }
-  void verify(const partition_group& g, std::size_t i, std::span<const std::byte> packed, std::uint64_t sum) const {
+  /// Message i's bytes where they arrived: one run in the own tensor (direct), the packed
+  /// buffer, or (gathered) each run, in the buffer or in the own tensors.
+  std::vector<std::span<std::byte>> arrived(const partition_message& m, std::span<std::byte> packed) {
+    if (!m.packed) return {clone_run(route_.global, m.runs.front(), tensors_)};
+    if (!m.gather) return {packed};
+    return detail::gathers<Comm>(m) ? clone_runs(m) : packed_runs(m, packed);
+  }
+  void verify(const partition_group& g, std::size_t i, std::span<std::byte> packed, std::span<const std::uint64_t> sums) {
     const auto& m = g.messages[i];
-    const auto bytes = m.packed ? packed : std::span<const std::byte>(clone_run(route_.global, m.runs.front(), tensors_));
-    if (Checksum::compute(bytes) == sum) return;
-    const auto& r = m.runs.front();
-    const auto what = m.packed ? std::to_string(m.runs.size()) + " packed runs, the first of " + detail::tensor_label(route_.global, r.tensor)
-                               : detail::bytes_label(r.global, r.global + r.length) + " of " + detail::tensor_label(route_.global, r.tensor);
-    throw error(errc::corrupt_message, "partitioned transfer: message " + std::to_string(i) + " of " +
-                                           detail::group_label(route_.global, g) + " (" + what + ") failed its checksum");
+    const auto parts = arrived(m, packed);
+    for (std::size_t j = 0; j < parts.size(); ++j) {
+      if (Checksum::compute(parts[j]) == sums[j]) continue;
+      const auto& r = m.runs[m.gather ? j : 0];
+      const auto what = m.packed && !m.gather ? std::to_string(m.runs.size()) + " packed runs, the first of " + detail::tensor_label(route_.global, r.tensor)
+                                              : detail::bytes_label(r.global, r.global + r.length) + " of " + detail::tensor_label(route_.global, r.tensor);
+      throw error(errc::corrupt_message, "partitioned transfer: message " + std::to_string(i) + " of " +
+                                             detail::group_label(route_.global, g) + " (" + what + ") failed its checksum");
+    }
+  }
+  std::vector<std::span<std::byte>> clone_runs(const partition_message& m) {
+    std::vector<std::span<std::byte>> out;
+    for (const auto& r : m.runs) out.push_back(clone_run(route_.global, r, tensors_));
+    return out;
   }
   std::string missing() const {
     for (const auto& in : incoming_)

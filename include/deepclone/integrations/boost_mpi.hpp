@@ -2,7 +2,8 @@
 /// \file integrations/boost_mpi.hpp
 /// The MPI transport: `deepclone::mpi::communicator` wraps a `boost::mpi::communicator`
 /// (or a raw `MPI_Comm`) and models `point_to_point_communicator`,
-/// `tag_bounded_communicator` and `collective_communicator`. Including this header is the
+/// `tag_bounded_communicator`, `collective_communicator` and `gathering_communicator`
+/// (messages over several byte ranges as MPI derived datatypes). Including this header is the
 /// opt-in; the core never includes it. Link the CMake target `deepclone::boost_mpi`.
 ///
 ///   boost::mpi::environment env(argc, argv);            // MPI_THREAD_SINGLE/FUNNELED is enough
@@ -50,6 +51,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -169,8 +171,52 @@ struct op {
   bool truncated = false;
   std::size_t received = 0;
   bool complete = false, cancelled = false;
+  // gathered / scattered messages too large for one piece travel packed in `staging`
+  std::vector<std::byte> staging;
+  std::vector<std::span<std::byte>> scatter_to;  ///< a staged scattered receive: where its bytes go
 };
 using op_ptr = std::shared_ptr<op>;
+
+/// A committed datatype over byte ranges at their absolute addresses (an operation on it
+/// starts at MPI_BOTTOM), freed when it goes out of scope: MPI keeps what a posted
+/// operation still needs.
+class byte_ranges {
+ public:
+  template <class Byte>
+  explicit byte_ranges(std::span<const std::span<Byte>> runs) {
+    std::vector<int> lengths;
+    std::vector<MPI_Aint> at;
+    for (auto r : runs) {
+      if (r.empty()) continue;
+      MPI_Aint a = 0;
+      check(MPI_Get_address(r.data(), &a), "MPI_Get_address");
+      lengths.push_back(static_cast<int>(r.size()));
+      at.push_back(a);
+    }
+    check(MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), at.data(), MPI_BYTE, &type_),
+          "MPI_Type_create_hindexed");
+    if (const int rc = MPI_Type_commit(&type_); rc != MPI_SUCCESS) {
+      MPI_Type_free(&type_);
+      check(rc, "MPI_Type_commit");
+    }
+  }
+  byte_ranges(const byte_ranges&) = delete;
+  byte_ranges& operator=(const byte_ranges&) = delete;
+  ~byte_ranges() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+  MPI_Datatype get() const noexcept { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+template <class Byte>
+std::size_t total_bytes(std::span<const std::span<Byte>> runs) {
+  std::size_t n = 0;
+  for (auto r : runs) n += r.size();
+  return n;
+}
 
 struct shared {
   MPI_Comm comm = MPI_COMM_NULL;    ///< where first pieces travel
@@ -342,6 +388,55 @@ class communicator {
     return {o};
   }
 
+  /// gathering_communicator: one message gathered from `runs`, as one
+  /// MPI_Type_create_hindexed datatype over their addresses (no copy; faster than packing
+  /// from 1 KiB runs on, docs/performance.md). A message that would be split (at least
+  /// `max_message_bytes`) is packed and sent as `isend` sends it.
+  request_type isend_gather(int dest, int tag, std::span<const std::span<const std::byte>> runs) {
+    const auto total = detail::total_bytes(runs);
+    if (total >= s_->chunk) {
+      std::vector<std::byte> staged;
+      staged.reserve(total);
+      for (auto r : runs) staged.insert(staged.end(), r.begin(), r.end());
+      auto req = isend(dest, tag, staged);
+      req.op->staging = std::move(staged);  // the heap buffer MPI reads moves with it
+      return req;
+    }
+    check_peer(dest, tag, "isend_gather");
+    auto o = std::make_shared<detail::op>();
+    o->is_send = true, o->peer = dest, o->tag = tag, o->size = total;
+    detail::byte_ranges type(runs);
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::check(MPI_Isend(MPI_BOTTOM, 1, type.get(), dest, tag, s_->comm, &r), [&] { return where("MPI_Isend (gathered)", true, dest, tag, total); });
+    o->reqs.push_back(r);
+    if (s_->progress.joinable()) {
+      ++s_->sends_pending;
+      s_->cv.notify_all();
+    }
+    return {o};
+  }
+  /// gathering_communicator: one message scattered into `runs` (the datatype as in
+  /// isend_gather); a message that may be split is received whole and scattered by `test`.
+  request_type irecv_scatter(int source, int tag, std::span<const std::span<std::byte>> runs) {
+    const auto total = detail::total_bytes(runs);
+    if (total >= s_->chunk) {
+      std::vector<std::byte> staged(total);
+      auto req = irecv(source, tag, staged);
+      req.op->staging = std::move(staged);
+      req.op->scatter_to.assign(runs.begin(), runs.end());
+      return req;
+    }
+    check_peer(source, tag, "irecv_scatter");
+    auto o = std::make_shared<detail::op>();
+    o->peer = source, o->tag = tag, o->size = total;
+    detail::byte_ranges type(runs);
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::check(MPI_Irecv(MPI_BOTTOM, 1, type.get(), source, tag, s_->comm, &r),
+                  [&] { return where("MPI_Irecv (scattered)", false, source, tag, total); });
+    o->reqs.push_back(r);
+    return {o};
+  }
+
   /// The number of bytes received (a receive) or sent (a send) once complete; 0 for a
   /// cancelled request. Throws `errc::transport` on an MPI error or a message larger than
   /// the receive buffer.
@@ -355,6 +450,7 @@ class communicator {
     }
     if (!o.complete) return std::nullopt;
     if (o.truncated) throw truncation(o);
+    if (!o.scatter_to.empty() && !o.cancelled) scatter_staged(o);
     return o.cancelled ? 0 : o.received;
   }
 
@@ -371,6 +467,7 @@ class communicator {
   void cancel(request_type& r) {
     if (!r.op) return;
     auto& o = *r.op;
+    o.scatter_to.clear();  // a staged scattered receive writes nothing more
     if (o.complete) return;
     if (o.is_send) cancel_send(r.op);
     else cancel_recv(o);
@@ -557,6 +654,17 @@ class communicator {
     o.cancelled = true;
   }
 
+  /// A staged scattered receive completed: its bytes go where the caller asked, once.
+  static void scatter_staged(detail::op& o) {
+    std::size_t at = 0;
+    for (auto to : o.scatter_to) {
+      const auto n = std::min(to.size(), o.received - std::min(o.received, at));
+      if (n) std::memcpy(to.data(), o.staging.data() + at, n);
+      at += to.size();
+    }
+    o.scatter_to.clear();
+  }
+
   void cancel_send(const detail::op_ptr& p) {
     auto& o = *p;
     // Withdraw the first piece; only if that worked may the continuations go too (the
@@ -618,6 +726,7 @@ class communicator {
 
 static_assert(point_to_point_communicator<communicator>);
 static_assert(tag_bounded_communicator<communicator>);
+static_assert(gathering_communicator<communicator>);
 static_assert(collective_communicator<communicator>);
 
 /// The "clone job started later" path, parent side: the N source ranks of `sources` (a
