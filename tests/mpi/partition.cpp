@@ -1,5 +1,6 @@
 // The partitioned plan's groups moved over MPI (partition_transfer.hpp through the Boost.MPI
-// adapter), one process per rank: ZeRO-1 N=4 -> M=2 replicated, TP2xDP2 -> TP1 on M=3 and
+// adapter), one process per rank: ZeRO-1 N=4 -> M=2 replicated, ZeRO-3 N=4 -> ZeRO-3 M=2,
+// TP2xDP2 -> TP1 on M=3, pipeline 2 stages x DP2 -> 2 stages and -> one stage on M=2, and
 // randomised holdings (up to 4 sources and 3 clone ranks), each clone rank checking every byte
 // it wants against the source pattern of its global position. Run on 7 ranks; ranks beyond a
 // scenario's N + M sit it out. Sources send their layers last-first. Packed runs also travel
@@ -48,7 +49,7 @@ void run(dc::mpi::communicator& c, const scenario& s, const dc::partition_group_
 
 }  // namespace
 
-TEST_CASE("partition transfer over MPI: ZeRO-1, TP2xDP2 and randomised holdings, byte-exact") {
+TEST_CASE("partition transfer over MPI: ZeRO-1, ZeRO-3, TP2xDP2, pipeline x DP and randomised holdings, byte-exact") {
   boost::mpi::communicator world;
   REQUIRE(world.size() >= 7);
   dc::mpi::communicator c(world);
@@ -56,7 +57,10 @@ TEST_CASE("partition transfer over MPI: ZeRO-1, TP2xDP2 and randomised holdings,
   for (const auto& opt : {dc::partition_group_options{}, dc::partition_group_options{16, 64}, dc::partition_group_options{4096, 1 << 20, 64},
                           dc::partition_group_options{16, 64, 4}}) {
     run(c, zero1(), opt);
+    run(c, zero3(), opt);
     run(c, tp2_dp2(), opt);
+    run(c, pipeline_2x2(true), opt);
+    run(c, pipeline_2x2(false), opt);
     std::mt19937_64 rng(5);  // the same scenarios on every rank
     auto pick = [&](std::uint64_t k) { return k ? rng() % k : 0; };
     for (int round = 0; round < 10; ++round) run(c, random_scenario(pick), opt);

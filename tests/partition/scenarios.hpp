@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the partition tests: layouts, the holdings of issue 12's scenarios (ZeRO-1,
-// tensor x data parallel, randomised), and an independent element-by-element model of
+// ZeRO-3, tensor x data parallel, pipeline x data parallel, randomised), and an independent element-by-element model of
 // which global byte sits where in a rank's own tensor (not computed through the planner).
 #include <deepclone/holdings.hpp>
 
@@ -119,6 +119,34 @@ inline scenario tp2_dp2() {
       else
         parts = {dc::part::box({0, tp * dims[1] / 2}, {dims[0], dims[1] / 2})};
     }
+  }
+  return s;
+}
+
+/// ZeRO-3 over N=4 into ZeRO-3 on M=2: every tensor flat-partitioned unevenly on both sides
+/// (the clone ranks' shares reversed), so every byte has one holder and one wanter.
+inline scenario zero3() {
+  scenario s{two_layer_model(), {}, {}};
+  s.src.assign(4, dc::holdings(s.lay.tensor_count()));
+  s.dst.assign(2, dc::holdings(s.lay.tensor_count()));
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) {
+    for (std::uint32_t r = 0; r < 4; ++r) s.src[r].of_tensor[t] = uneven_flat(s.lay.tensor(t), 4, r);
+    for (std::uint32_t c = 0; c < 2; ++c) s.dst[c].of_tensor[t] = uneven_flat(s.lay.tensor(t), 2, 1 - c);
+  }
+  return s;
+}
+
+/// Pipeline 2 stages x data parallel 2 (sources 0,1 hold stage 0 = layer fc1, sources 2,3
+/// stage 1) into M=2: with `two_stages`, clone rank c wants only stage c's layer; else both
+/// clone ranks want everything (one stage).
+inline scenario pipeline_2x2(bool two_stages) {
+  scenario s{two_layer_model(), {}, {}};
+  s.src.assign(4, dc::holdings(s.lay.tensor_count()));
+  s.dst.assign(2, two_stages ? dc::holdings(s.lay.tensor_count()) : dc::holdings::replicated(s.lay));
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) {
+    for (std::uint32_t r = 0; r < 4; ++r)
+      if (s.lay.layer_of(t) == r / 2) s.src[r].of_tensor[t] = {dc::part::whole()};
+    if (two_stages) s.dst[s.lay.layer_of(t)].of_tensor[t] = {dc::part::whole()};
   }
   return s;
 }

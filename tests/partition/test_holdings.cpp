@@ -203,12 +203,7 @@ TEST_CASE("partition: ZeRO-1 over N=4 (slots flat-partitioned, uneven) into M=2 
 }
 
 TEST_CASE("partition: ZeRO-3 N=4 into ZeRO-3 M=2, uneven flat partitions on both sides") {
-  const auto lay = two_layer_model();
-  std::vector<dc::holdings> src(4, dc::holdings(lay.tensor_count())), dst(2, dc::holdings(lay.tensor_count()));
-  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
-    for (std::uint32_t s = 0; s < 4; ++s) src[s].of_tensor[t] = uneven_flat(lay.tensor(t), 4, s);
-    for (std::uint32_t c = 0; c < 2; ++c) dst[c].of_tensor[t] = uneven_flat(lay.tensor(t), 2, 1 - c);
-  }
+  const auto [lay, src, dst] = zero3();
   const auto p = dc::make_partition_plan(lay, src, dst);
   check_plan(p, lay, src, dst);
   std::uint64_t sent = 0;
@@ -227,14 +222,8 @@ TEST_CASE("partition: tensor parallel 2 x data parallel 2 (column and row splits
 }
 
 TEST_CASE("partition: pipeline 2 stages x data parallel 2 into 2 stages on M=2, and into one stage") {
-  const auto lay = two_layer_model();
-  std::vector<dc::holdings> src(4, dc::holdings(lay.tensor_count()));
-  for (std::uint32_t s = 0; s < 4; ++s)
-    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t)
-      if (lay.layer_of(t) == s / 2) src[s].of_tensor[t] = {dc::part::whole()};  // sources 0,1: stage 0
   SUBCASE("two stages: each clone rank receives only its stage's layers, from that stage's sources") {
-    std::vector<dc::holdings> dst(2, dc::holdings(lay.tensor_count()));
-    for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) dst[lay.layer_of(t)].of_tensor[t] = {dc::part::whole()};
+    const auto [lay, src, dst] = pipeline_2x2(true);
     const auto p = dc::make_partition_plan(lay, src, dst);
     check_plan(p, lay, src, dst);
     for (auto& x : p.transfers()) {
@@ -244,7 +233,7 @@ TEST_CASE("partition: pipeline 2 stages x data parallel 2 into 2 stages on M=2, 
     CHECK(p.bytes_received_by_clone(0) == lay.layer_bytes(0));
   }
   SUBCASE("one stage: both clone ranks receive everything") {
-    std::vector<dc::holdings> dst(2, dc::holdings::replicated(lay));
+    const auto [lay, src, dst] = pipeline_2x2(false);
     check_plan(dc::make_partition_plan(lay, src, dst), lay, src, dst);
   }
 }

@@ -1,7 +1,7 @@
 // The partitioned plan's bytes over a communicator (partition_transfer.hpp), in-process:
 // one thread per rank, sources sending their layers last-first as a trainer updates them,
 // every clone byte checked against the source pattern of its global position (ZeRO-1,
-// TP2xDP2, randomised holdings, with the default and with tiny message limits); a corrupted
+// ZeRO-3, TP2xDP2, pipeline 2 stages x DP2 into 2 stages and into one, randomised holdings, with the default and with tiny message limits); a corrupted
 // message or checksum list is refused naming the group, silence times out naming it, and
 // tags beyond the communicator's bound are refused before anything is posted.
 #include <doctest/doctest.h>
@@ -176,11 +176,14 @@ const dc::partition_group_options gather_small{4096, 1024 * 1024, 64};
 
 }  // namespace
 
-TEST_CASE("partition transfer: ZeRO-1, TP2xDP2 and randomised holdings arrive byte-exact, layers sent last-first") {
+TEST_CASE("partition transfer: ZeRO-1, ZeRO-3, TP2xDP2, pipeline x DP and randomised holdings arrive byte-exact, layers sent last-first") {
   for (const auto& opt : {dc::partition_group_options{}, dc::partition_group_options{16, 64}}) {
     CAPTURE(opt.direct_min_bytes);
     check_exact(zero1(), opt);
+    check_exact(zero3(), opt);
     check_exact(tp2_dp2(), opt);
+    check_exact(pipeline_2x2(true), opt);
+    check_exact(pipeline_2x2(false), opt);
     std::mt19937_64 rng(21);
     auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
     for (int round = 0; round < 20; ++round) {
