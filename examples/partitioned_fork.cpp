@@ -9,11 +9,14 @@
 //
 // At an iteration boundary the sources hand their parts to `partition_sender`, the clone
 // ranks receive them with `partition_receiver` (the plan splits bytes held by several
-// sources over them), then the sources train on. The example prints what moved from where,
+// sources over them). The sources train on at once: the next step's passes only read the
+// layers, and before a step updates a layer the source waits until that layer's sends are
+// done (`wait_layer`: the window rule). The example prints what moved from where,
 // checks every byte of every clone against the sources' state at the fork (assembled here
 // from this file's own index arithmetic, not through the library's), and evaluates the
 // clone's unpartitioned model against the sources' partitioned one. Exit status 1 on any
-// difference. The live engines do not fork partitioned state yet: this is stop-the-world.
+// difference. The live engines do not fork partitioned state yet: the fork point is agreed
+// here by construction (every source forks after the same step), not by an agreement policy.
 #include <deepclone/collectives.hpp>
 #include <deepclone/inproc.hpp>
 #include <deepclone/partition_transfer.hpp>
@@ -136,13 +139,15 @@ struct source_rank {
   }
   /// Data-parallel step: gradients summed over the DP pair, each DP rank updates its half
   /// (ZeRO-1 momentum), the halves are gathered over the pair.
-  template <class Comm>
-  void step(Comm& c, std::uint64_t s) {
+  /// `before_update(layer)` runs before the step first writes a layer (fc1: 0, fc2: 1).
+  template <class Comm, class BeforeUpdate>
+  void step(Comm& c, std::uint64_t s, BeforeUpdate before_update) {
     std::vector<double> g;
     forward_backward(c, s * 2 + dp, &g);
     dc::allreduce_sum(c, dp_group, std::span<double>(g), dp_tag);
     std::uint64_t at = 0;
     for (auto [p, m] : {std::pair{w1, m_w1}, std::pair{b1, m_b1}, std::pair{w2, m_w2}, std::pair{b2, m_b2}}) {
+      if (p == w1 || p == w2) before_update(p / 4);
       std::vector<double> updated(own[p].size(), 0.0);
       for (std::uint64_t i = 0; i < own[m].size(); ++i) {
         const auto pi = param_index(p, m, i);
@@ -205,21 +210,30 @@ int main() {
 
   dc::inproc::world w(6);
   tensors clone_state[2], snapshot[4];  // each clone rank's model; each source's own parts at the fork
-  double source_loss = 0, clone_loss[2] = {0, 0};
+  double source_loss = 0, clone_loss[2] = {0, 0}, wait_s[4] = {0, 0, 0, 0};
   std::vector<std::thread> ranks;
   for (std::uint64_t r = 0; r < 4; ++r)
     ranks.emplace_back([&, r] {
       auto c = w.comm(int(r));
       source_rank me(r % 2, r / 2);
-      for (std::uint64_t s = 0; s < fork_after; ++s) me.step(c, s);
+      for (std::uint64_t s = 0; s < fork_after; ++s) me.step(c, s, [](int) {});
       snapshot[r] = me.own;
       const double loss = me.forward_backward(c, 999, nullptr);  // every TP pair evaluates the same batch
       if (r == 0) source_loss = loss;
       const auto own = bytes_of(std::as_const(me.own));
       dc::partition_sender<dc::inproc::communicator> send(c, route, std::uint32_t(r), own);
       send.send_layer(1), send.send_layer(0);  // as a trainer updates them: last first
+      // The sources train on while the bytes move: the next step's forward and backward
+      // passes only read the layers; before it updates one, every send of it must be done.
+      double waited = 0;
+      for (std::uint64_t s = fork_after; s < fork_after + steps_after; ++s)
+        me.step(c, s, [&](int layer) {
+          const auto t0 = std::chrono::steady_clock::now();
+          send.wait_layer(std::uint32_t(layer), std::chrono::seconds(30));
+          waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        });
       send.wait(std::chrono::seconds(30));
-      for (std::uint64_t s = fork_after; s < fork_after + steps_after; ++s) me.step(c, s);  // the sources train on
+      wait_s[r] = waited;
     });
   for (std::uint32_t k = 0; k < 2; ++k)
     ranks.emplace_back([&, k] {
@@ -242,6 +256,8 @@ int main() {
       std::printf("  source %u (tp %u, dp %u) -> clone rank %u: %6llu bytes in %llu+%llu messages\n", s, s % 2, s / 2, k,
                   (unsigned long long)bytes, (unsigned long long)direct, (unsigned long long)packed);
     }
+  std::printf("the sources trained on during the transfer; waiting for a layer's sends before updating it took %.3f, %.3f, %.3f, %.3f ms\n",
+              wait_s[0] * 1e3, wait_s[1] * 1e3, wait_s[2] * 1e3, wait_s[3] * 1e3);
   tensors at_fork(tensor_count);  // the global state at the fork, by this file's own index arithmetic
   for (int t = 0; t < tensor_count; ++t) at_fork[t].assign(lay.tensor(t).bytes / 8, std::nan(""));
   for (std::uint64_t r = 0; r < 4; ++r)

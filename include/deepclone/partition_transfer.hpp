@@ -116,7 +116,7 @@ template <class Comm, class Checksum = checksum::mix64>
 class partition_sender {
  public:
   partition_sender(Comm& c, partition_route route, std::uint32_t source, std::span<const std::span<const std::byte>> tensors)
-      : comm_(c), route_(route), source_(source), tensors_(tensors.begin(), tensors.end()) {
+      : comm_(c), route_(route), source_(source), tensors_(tensors.begin(), tensors.end()), requests_(route_.global.layer_count()) {
     if (source >= route_.ranks.source_count())
       throw error(errc::invalid_argument, "partition_sender: source " + std::to_string(source) + " of " +
                                               std::to_string(route_.ranks.source_count()));
@@ -145,31 +145,46 @@ class partition_sender {
   }
   /// True once every send posted so far completed.
   bool done() {
-    for (auto& r : requests_)
+    for (std::uint32_t l = 0; l < requests_.size(); ++l)
+      if (!layer_sent(l)) return false;
+    return true;
+  }
+  /// True once every send of layer `l` posted so far completed: from then on the trainer
+  /// may overwrite the layer (a live fork's window rule: the sources train on while the
+  /// bytes move, and wait only before updating a layer still in flight).
+  bool layer_sent(std::uint32_t l) {
+    for (auto& r : requests_.at(l))
       if (!comm_.test(r)) return false;
     return true;
   }
   /// Blocks until done(); throws errc::timeout after `timeout`.
-  void wait(std::chrono::nanoseconds timeout) {
+  void wait(std::chrono::nanoseconds timeout) { wait_until([&] { return done(); }, timeout, "sends"); }
+  /// Blocks until layer_sent(l); throws errc::timeout after `timeout`, naming the layer.
+  void wait_layer(std::uint32_t l, std::chrono::nanoseconds timeout) {
+    wait_until([&] { return layer_sent(l); }, timeout, "sends of layer '" + route_.global.layers().at(l).name + "'");
+  }
+  /// Withdraws the sends still pending.
+  void cancel() noexcept {
+    for (auto& layer : requests_)
+      for (auto& r : layer) {
+        try {
+          comm_.cancel(r);
+        } catch (...) {
+        }
+      }
+  }
+
+ private:
+  template <class Done>
+  void wait_until(Done done, std::chrono::nanoseconds timeout, const std::string& what) {
     detail::idler<Comm> idle(comm_);
     const auto until = std::chrono::steady_clock::now() + timeout;
     for (idle.mark(); !done(); idle.mark()) {
       if (std::chrono::steady_clock::now() >= until)
-        throw error(errc::timeout, "partitioned transfer: source " + std::to_string(source_) + "'s sends did not complete in time");
+        throw error(errc::timeout, "partitioned transfer: source " + std::to_string(source_) + "'s " + what + " did not complete in time");
       idle.idle(until);
     }
   }
-  /// Withdraws the sends still pending.
-  void cancel() noexcept {
-    for (auto& r : requests_) {
-      try {
-        comm_.cancel(r);
-      } catch (...) {
-      }
-    }
-  }
-
- private:
   /// One message ready to go: its bytes (direct or packed), or its runs (gathered).
   struct outgoing {
     std::span<const std::byte> bytes;
@@ -182,16 +197,17 @@ class partition_sender {
     detail::partition_sums sums{g.layer, g.source, g.clone, {}};
     std::vector<outgoing> out;
     for (const auto& m : g.messages) out.push_back(prepare(m, sums.sums));  // all checked and packed before any send
+    auto& requests = requests_.at(g.layer);
     for (const auto& o : out) {
       if constexpr (gathering_communicator<Comm>)
         if (!o.runs.empty()) {
-          requests_.push_back(comm_.isend_gather(to, data, o.runs));
+          requests.push_back(comm_.isend_gather(to, data, o.runs));
           continue;
         }
-      requests_.push_back(comm_.isend(to, data, o.bytes));
+      requests.push_back(comm_.isend(to, data, o.bytes));
     }
     buffers_.push_back(sums.encode());
-    requests_.push_back(comm_.isend(to, data + 1, std::span<const std::byte>(buffers_.back())));
+    requests.push_back(comm_.isend(to, data + 1, std::span<const std::byte>(buffers_.back())));
   }
   /// Checks (and packs, unless it is gathered) message `m`; appends its checksums to `sums`.
   outgoing prepare(const partition_message& m, std::vector<std::uint64_t>& sums) {
@@ -217,7 +233,7 @@ class partition_sender {
   std::uint32_t source_;
   std::vector<std::span<const std::byte>> tensors_;
   std::deque<std::vector<std::byte>> buffers_;  // packed messages and sums, alive until their sends complete
-  std::deque<typename Comm::request_type> requests_;
+  std::vector<std::deque<typename Comm::request_type>> requests_;  // per layer
 };
 
 /// A clone rank's side: receives every group it wants into its own tensors (`tensors[t]`:

@@ -242,6 +242,42 @@ TEST_CASE("partition transfer: a silent source times out, naming the group still
   CHECK(contains(what, "from source 1 to clone rank 0"));
 }
 
+TEST_CASE("partition transfer: a source learns per layer when its sends completed, so it may update that layer") {
+  // One source, one clone rank, everything replicated; fc1's weight (12 KiB) travels by
+  // rendezvous in-process, so its send completes only once the clone rank received it.
+  scenario s{two_layer_model(), {dc::holdings::replicated(two_layer_model())}, {dc::holdings::replicated(two_layer_model())}};
+  dc::inproc::world w(2);
+  const auto roles = dc::roles::contiguous(1, 1);
+  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), 1, 1);
+  const dc::partition_route route{roles, s.lay, groups, tag_base};
+  auto src = own_tensors(s.lay, s.src[0], true), dst = own_tensors(s.lay, s.dst[0], false);
+  const auto in = spans<const std::byte>(src);
+  auto c0 = w.comm(0), c1 = w.comm(1);
+  dc::partition_sender<dc::inproc::communicator> send(c0, route, 0, in);
+  send.send_layer(1);
+  CHECK(send.layer_sent(0));  // nothing of fc1 posted yet
+  CHECK_FALSE(send.layer_sent(1));
+  try {
+    send.wait_layer(1, 50ms);  // no receiver yet
+    FAIL("waited for a send nobody received");
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::timeout);
+    CHECK(contains(e.what(), "sends of layer 'fc2'"));
+  }
+  std::thread clone([&] {
+    const auto out = spans<std::byte>(dst);
+    dc::partition_receiver<dc::inproc::communicator> receive(c1, route, 0, out);
+    receive.wait(10s);
+  });
+  send.wait_layer(1, 10s);  // the trainer may update fc2 now, while fc1 has not even left
+  src[s.lay.first_tensor(1)][0] = std::byte{0x5A};
+  send.send_layer(0);
+  send.wait(10s);
+  clone.join();
+  CHECK(send.done());
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, 0, dst, t), "tensor " << t);
+}
+
 TEST_CASE("partition transfer: tags beyond the communicator's bound are refused before anything is posted") {
   const auto s = zero1();
   dc::inproc::world w(6);
