@@ -7,14 +7,17 @@
 /// unchanged.
 ///
 /// The model (`link_model`): every rank has a send side and a receive side (full duplex),
-/// each with a timeline "busy until". A message of b bytes from rank s to rank r, matched
-/// (both its send and its receive posted) at time t, starts at
+/// each with a timeline. A message of b bytes from rank s to rank r, matched (both its send
+/// and its receive posted) at time t, starts (by default, busy-until) at
 ///     start = max(t, tx_free[s], rx_free[r])
 /// occupies both sides for b / B, and completes at
 ///     done  = start + b / B + latency.
-/// Both the send and the receive request complete no earlier than `done` (and no earlier
-/// than the inner transport completes them). Messages between one pair are served in the
-/// order they were matched; a rank's link is shared by all its messages in that order.
+/// With `link_config::backfill` it starts instead at the first time >= t, and after the
+/// previous message of the same pair, at which both sides are free for b / B (a gap left
+/// between earlier bookings counts). Both the send and the receive request complete no
+/// earlier than `done` (and no earlier than the inner transport completes them). Messages
+/// between one pair are served in the order they were matched; busy-until also serves a
+/// rank's link to all its messages in that order.
 /// All ranks of a world share one `link_fabric`, which holds the timelines.
 ///
 ///   deepclone::inproc::world w(6);
@@ -73,8 +76,11 @@ namespace detail {
 template <class TimePoint, class Duration>
 class link_timeline {
  public:
-  /// The end of the last booking (the epoch when none).
-  TimePoint busy_until() const { return busy_.empty() ? TimePoint{} : std::prev(busy_.end())->second; }
+  /// The end of the last booking or mark (the epoch when none).
+  TimePoint busy_until() const { return busy_.empty() ? last_ : std::max(last_, std::prev(busy_.end())->second); }
+  /// Busy-until without a booking: a message that takes no wire time still moves the side's
+  /// "free from" to its start, so later messages do not start before it.
+  void mark(TimePoint t) { last_ = std::max(last_, t); }
   /// The earliest t >= from such that [t, t + d) overlaps no booking.
   TimePoint first_gap(TimePoint from, Duration d) const {
     auto it = busy_.upper_bound(from);
@@ -98,6 +104,7 @@ class link_timeline {
 
  private:
   std::map<TimePoint, TimePoint> busy_;
+  TimePoint last_{};
 };
 }  // namespace detail
 
@@ -133,6 +140,9 @@ class link_model {
     if (wire > duration::zero()) {
       tx.book(start, start + wire);
       rx.book(start, start + wire);
+    } else {
+      tx.mark(start);
+      rx.mark(start);
     }
     pair_end = start + wire;
     forget_before(ready);

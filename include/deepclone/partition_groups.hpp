@@ -112,7 +112,7 @@ inline std::vector<partition_message> group_messages(const std::vector<region_tr
   }
   for (auto& m : packed) {
     m.packed = m.runs.size() > 1;
-    m.gather = m.packed && opt.gather_min_average_bytes && m.bytes >= opt.gather_min_average_bytes * m.runs.size();
+    m.gather = m.packed && opt.gather_min_average_bytes && m.bytes / m.runs.size() >= opt.gather_min_average_bytes;
   }
   direct.insert(direct.end(), packed.begin(), packed.end());
   return direct;

@@ -2,21 +2,27 @@
 /// \file partition_transfer.hpp
 /// Moving the partitioned plan's bytes over a communicator (issue 12). A source sends its
 /// groups (partition_groups.hpp) message by message: a direct run straight from its own
-/// tensor (zero copy), short runs packed into one buffer; after each group, a sealed list of
-/// its messages' checksums. A clone rank receives a direct run straight into its own tensor
-/// and a packed message into a buffer, checks every message against its sum, and only then
-/// unpacks. Nothing a peer sends lands outside a clone tensor: every receive is posted into
-/// a bounds-checked run of exact size, and garbage sums are refused before they are read.
+/// tensor (zero copy), short runs packed into one buffer, or (a `gather` message on a
+/// gathering_communicator) handed to the transport as they lie in its tensors; after each
+/// group, a sealed list of the checksums (one per message, one per run of a gather message).
+/// A clone rank receives a direct run straight into its own tensor, a packed message into a
+/// buffer (checked, and only then unpacked, so a corrupt one writes nothing), a gathered one
+/// (on a gathering_communicator) scattered into its runs of its own tensors, checked run by
+/// run where it landed, as direct runs are. Nothing a peer sends lands outside a clone
+/// tensor: every receive is posted into bounds-checked runs of exact size, and garbage sums
+/// are refused before they are read.
 ///
 /// Each layer has its own pair of tags (data, sums) from `tag_base` on, so a source may send
 /// its layers in any order (a trainer updates them last-first); within one layer, the
 /// messages between one source and one clone rank match in the order sent (the
 /// communicator's rule), which both sides walk alike.
 ///
-/// What this is today: the transfer at a point where the sources' tensors do not change (an
-/// iteration boundary: stop-the-world), driven by `progress()` or `wait()`. The live engines
-/// do not use it yet; their layer-wise pipeline would call `send_layer(l)` right after layer
-/// `l`'s update. The tags must not overlap those of an engine on the same communicator.
+/// What this is today: the transfer from sources whose layers do not change until their
+/// sends are done (`layer_sent(l)` / `wait_layer(l)`: a trainer may train on and wait only
+/// before it updates a layer still in flight), driven by `progress()` or `wait()`. The fork
+/// point is the trainer's to agree on, and a group that fails its checksum is an error (no
+/// refetch, no failover): the live engines do not use it yet. The tags must not overlap those
+/// of an engine on the same communicator.
 /// Templated on the communicator and the checksum only.
 
 #include <chrono>
@@ -124,7 +130,9 @@ class partition_sender {
   partition_sender(const partition_sender&) = delete;
   partition_sender& operator=(const partition_sender&) = delete;
   /// Pending sends are withdrawn; where the transport cannot withdraw them (Open MPI), the
-  /// packed buffers they read outlive the sender (detail::retained_buffers).
+  /// packed buffers they read outlive the sender (detail::retained_buffers), but direct and
+  /// gathered sends read the own tensors: keep those alive until done() where a clone rank
+  /// may have withdrawn.
   ~partition_sender() {
     if (done()) return;
     cancel();
@@ -153,7 +161,9 @@ class partition_sender {
   /// may overwrite the layer (a live fork's window rule: the sources train on while the
   /// bytes move, and wait only before updating a layer still in flight).
   bool layer_sent(std::uint32_t l) {
-    for (auto& r : requests_.at(l))
+    if (l >= requests_.size())
+      throw error(errc::invalid_argument, "partition_sender: layer " + std::to_string(l) + " of " + std::to_string(requests_.size()));
+    for (auto& r : requests_[l])
       if (!comm_.test(r)) return false;
     return true;
   }
@@ -161,7 +171,8 @@ class partition_sender {
   void wait(std::chrono::nanoseconds timeout) { wait_until([&] { return done(); }, timeout, "sends"); }
   /// Blocks until layer_sent(l); throws errc::timeout after `timeout`, naming the layer.
   void wait_layer(std::uint32_t l, std::chrono::nanoseconds timeout) {
-    wait_until([&] { return layer_sent(l); }, timeout, "sends of layer '" + route_.global.layers().at(l).name + "'");
+    const auto name = l < route_.global.layer_count() ? "'" + route_.global.layers()[l].name + "'" : std::to_string(l);
+    wait_until([&] { return layer_sent(l); }, timeout, "sends of layer " + name);
   }
   /// Withdraws the sends still pending.
   void cancel() noexcept {

@@ -1,13 +1,16 @@
 // The MPI adapter on its own: byte messages, split messages, truncation, cancel, tags,
-// collectives, threading checks. Run on 2 ranks.
+// collectives, threading checks, gathered and scattered messages. Run on 2 ranks.
 #include <deepclone/integrations/boost_mpi.hpp>
 
 #include <doctest/doctest.h>
 
 #include <boost/mpi/communicator.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <optional>
+#include <span>
 #include <vector>
 
 namespace dm = deepclone::mpi;
@@ -192,5 +195,45 @@ TEST_CASE("mpi adapter: progress thread needs and gets MPI_THREAD_MULTIPLE; tran
     auto r = c.irecv(0, 13, in);
     CHECK(c.wait(r) == d.size());
     CHECK(in == d);
+  }
+}
+
+TEST_CASE("mpi adapter: gathered and scattered messages match contiguous ones, also beyond the piece size") {
+  boost::mpi::communicator world;
+  for (std::size_t piece : {std::size_t{1} << 30, std::size_t{1000}}) {  // one datatype; staged and split
+    CAPTURE(piece);
+    dm::options o;
+    o.max_message_bytes = piece;
+    dm::communicator c(world, o);
+    const auto data = pattern(5000, 7);
+    // Runs of 3000 + 1 + 1999 bytes, in reverse order in memory, with a gap.
+    std::vector<std::byte> target(6000, std::byte{0});
+    std::vector<std::span<std::byte>> runs{std::span(target).subspan(3000, 3000), std::span(target).subspan(100, 1),
+                                           std::span(target).subspan(1000, 1999)};
+    if (c.rank() == 0) {
+      auto s1 = c.isend(1, 5, data);  // contiguous, received scattered
+      std::vector<std::span<const std::byte>> gather{std::span(data).subspan(2000, 3000), std::span(data).subspan(0, 2000)};
+      auto s2 = c.isend_gather(1, 6, gather);  // gathered, received contiguously
+      c.wait(s1), c.wait(s2);
+    } else {
+      auto r1 = c.irecv_scatter(0, 5, runs);
+      std::vector<std::byte> whole(5000);
+      auto r2 = c.irecv(0, 6, whole);
+      CHECK(c.wait(r1) == 5000);
+      CHECK(c.wait(r2) == 5000);
+      CHECK(std::equal(data.begin(), data.begin() + 3000, target.begin() + 3000));
+      CHECK(target[100] == data[3000]);
+      CHECK(std::equal(data.begin() + 3001, data.end(), target.begin() + 1000));
+      CHECK(target[0] == std::byte{0});
+      CHECK(std::equal(data.begin() + 2000, data.end(), whole.begin()));
+      CHECK(std::equal(data.begin(), data.begin() + 2000, whole.begin() + 3000));
+      // A cancelled scattered receive that never matched writes nothing, and reports 0.
+      auto r3 = c.irecv_scatter(0, 7, runs);
+      std::fill(target.begin(), target.end(), std::byte{0});
+      c.cancel(r3);
+      CHECK(c.test(r3) == std::optional<std::size_t>(0));
+      CHECK(std::all_of(target.begin(), target.end(), [](std::byte b) { return b == std::byte{0}; }));
+    }
+    world.barrier();
   }
 }

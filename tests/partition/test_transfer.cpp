@@ -257,6 +257,7 @@ TEST_CASE("partition transfer: a source learns per layer when its sends complete
   send.send_layer(1);
   CHECK(send.layer_sent(0));  // nothing of fc1 posted yet
   CHECK_FALSE(send.layer_sent(1));
+  CHECK_THROWS_AS(send.layer_sent(2), dc::error);  // two layers
   try {
     send.wait_layer(1, 50ms);  // no receiver yet
     FAIL("waited for a send nobody received");

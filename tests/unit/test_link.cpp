@@ -58,6 +58,13 @@ TEST_CASE("link_model: start = max(ready, sender free, receiver free); done = st
   CHECK(m.schedule(0, 0, 1 << 20, t0 + 200ms) == t0 + 201ms);
   CHECK(m.tx_free(0) == t0 + 2ms);
   CHECK(m.rx_free(2) == t0 + 101ms);
+
+  // Latency only: a message matched later never overtakes one matched before it (match
+  // times from different threads can reach the model a little out of order).
+  M lat(2, dc::link_config{0, 1ms});
+  CHECK(lat.schedule(0, 1, 100, t0 + 10ms) == t0 + 11ms);
+  CHECK(lat.schedule(0, 1, 100, t0 + 5ms) == t0 + 11ms);
+  CHECK(lat.tx_free(0) == t0 + 10ms);
 }
 
 TEST_CASE("link_model with backfill: a message takes the first gap free on both sides, pairs stay in order") {

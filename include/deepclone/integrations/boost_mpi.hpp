@@ -174,6 +174,19 @@ struct op {
   // gathered / scattered messages too large for one piece travel packed in `staging`
   std::vector<std::byte> staging;
   std::vector<std::span<std::byte>> scatter_to;  ///< a staged scattered receive: where its bytes go
+  /// A scattered receive's datatype, kept until it completes: its status is read with it.
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+
+  op() = default;
+  op(const op&) = delete;
+  op& operator=(const op&) = delete;
+  ~op() { free_type(); }
+  void free_type() noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (type != MPI_DATATYPE_NULL && !finalized) MPI_Type_free(&type);
+    type = MPI_DATATYPE_NULL;
+  }
 };
 using op_ptr = std::shared_ptr<op>;
 
@@ -206,6 +219,8 @@ class byte_ranges {
     if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
   }
   MPI_Datatype get() const noexcept { return type_; }
+  /// Hands the datatype over (to an op that frees it once its receive completed).
+  MPI_Datatype release() noexcept { return std::exchange(type_, MPI_DATATYPE_NULL); }
 
  private:
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
@@ -340,33 +355,8 @@ class communicator {
 
   request_type isend(int dest, int tag, std::span<const std::byte> data) {
     check_peer(dest, tag, "isend");
-    auto& s = *s_;
-    auto o = std::make_shared<detail::op>();
-    o->is_send = true;
-    o->peer = dest;
-    o->tag = tag;
-    o->buf = const_cast<std::byte*>(data.data());  // MPI_Isend takes void*; it only reads
-    o->size = data.size();
-    auto post = [&](MPI_Comm c, std::size_t off, std::size_t len) {
-      MPI_Request r = MPI_REQUEST_NULL;
-      detail::check(MPI_Isend(o->buf + off, static_cast<int>(len), MPI_BYTE, dest, tag, c, &r),
-                    [&] { return where("MPI_Isend", true, dest, tag, len); });
-      o->reqs.push_back(r);
-    };
-    if (data.size() < s.chunk) {
-      post(s.comm, 0, data.size());
-    } else {
-      post(s.comm, 0, s.chunk);
-      for (std::size_t off = s.chunk;; off += s.chunk) {
-        std::size_t len = std::min(s.chunk, data.size() - off);
-        post(s.shadow, off, len);
-        if (len < s.chunk) break;  // the shorter (possibly empty) piece ends the message
-      }
-    }
-    if (s.progress.joinable()) {
-      ++s.sends_pending;
-      s.cv.notify_all();
-    }
+    auto o = send_op(dest, tag, data.size());
+    post_send(*o, data);
     return {o};
   }
 
@@ -393,26 +383,20 @@ class communicator {
   /// from 1 KiB runs on, docs/performance.md). A message that would be split (at least
   /// `max_message_bytes`) is packed and sent as `isend` sends it.
   request_type isend_gather(int dest, int tag, std::span<const std::span<const std::byte>> runs) {
-    const auto total = detail::total_bytes(runs);
-    if (total >= s_->chunk) {
-      std::vector<std::byte> staged;
-      staged.reserve(total);
-      for (auto r : runs) staged.insert(staged.end(), r.begin(), r.end());
-      auto req = isend(dest, tag, staged);
-      req.op->staging = std::move(staged);  // the heap buffer MPI reads moves with it
-      return req;
-    }
     check_peer(dest, tag, "isend_gather");
-    auto o = std::make_shared<detail::op>();
-    o->is_send = true, o->peer = dest, o->tag = tag, o->size = total;
+    const auto total = detail::total_bytes(runs);
+    auto o = send_op(dest, tag, total);
+    if (total >= s_->chunk) {  // the op owns the packed bytes before any piece is posted
+      o->staging.reserve(total);
+      for (auto r : runs) o->staging.insert(o->staging.end(), r.begin(), r.end());
+      post_send(*o, o->staging);
+      return {o};
+    }
     detail::byte_ranges type(runs);
     MPI_Request r = MPI_REQUEST_NULL;
     detail::check(MPI_Isend(MPI_BOTTOM, 1, type.get(), dest, tag, s_->comm, &r), [&] { return where("MPI_Isend (gathered)", true, dest, tag, total); });
     o->reqs.push_back(r);
-    if (s_->progress.joinable()) {
-      ++s_->sends_pending;
-      s_->cv.notify_all();
-    }
+    sends_posted();
     return {o};
   }
   /// gathering_communicator: one message scattered into `runs` (the datatype as in
@@ -434,6 +418,7 @@ class communicator {
     detail::check(MPI_Irecv(MPI_BOTTOM, 1, type.get(), source, tag, s_->comm, &r),
                   [&] { return where("MPI_Irecv (scattered)", false, source, tag, total); });
     o->reqs.push_back(r);
+    o->type = type.release();
     return {o};
   }
 
@@ -450,7 +435,7 @@ class communicator {
     }
     if (!o.complete) return std::nullopt;
     if (o.truncated) throw truncation(o);
-    if (!o.scatter_to.empty() && !o.cancelled) scatter_staged(o);
+    scatter_staged(o);
     return o.cancelled ? 0 : o.received;
   }
 
@@ -467,10 +452,12 @@ class communicator {
   void cancel(request_type& r) {
     if (!r.op) return;
     auto& o = *r.op;
-    o.scatter_to.clear();  // a staged scattered receive writes nothing more
-    if (o.complete) return;
-    if (o.is_send) cancel_send(r.op);
-    else cancel_recv(o);
+    if (!o.complete) {
+      if (o.is_send) cancel_send(r.op);
+      else cancel_recv(o);
+    }
+    scatter_staged(o);  // a staged scattered receive that completed lands now, never later
+    o.scatter_to.clear();
   }
 
   // --- collective_communicator (whole communicator) ---
@@ -488,6 +475,39 @@ class communicator {
   }
 
  private:
+  std::shared_ptr<detail::op> send_op(int dest, int tag, std::size_t bytes) const {
+    auto o = std::make_shared<detail::op>();
+    o->is_send = true, o->peer = dest, o->tag = tag, o->size = bytes;
+    return o;
+  }
+  /// Posts `data` as op `o`'s message: one piece, or split as the file comment says.
+  void post_send(detail::op& o, std::span<const std::byte> data) {
+    auto& s = *s_;
+    o.buf = const_cast<std::byte*>(data.data());  // MPI_Isend takes void*; it only reads
+    auto post = [&](MPI_Comm c, std::size_t off, std::size_t len) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      detail::check(MPI_Isend(o.buf + off, static_cast<int>(len), MPI_BYTE, o.peer, o.tag, c, &r),
+                    [&] { return where("MPI_Isend", true, o.peer, o.tag, len); });
+      o.reqs.push_back(r);
+    };
+    if (data.size() < s.chunk) {
+      post(s.comm, 0, data.size());
+    } else {
+      post(s.comm, 0, s.chunk);
+      for (std::size_t off = s.chunk;; off += s.chunk) {
+        std::size_t len = std::min(s.chunk, data.size() - off);
+        post(s.shadow, off, len);
+        if (len < s.chunk) break;  // the shorter (possibly empty) piece ends the message
+      }
+    }
+    sends_posted();
+  }
+  void sends_posted() {
+    if (!s_->progress.joinable()) return;
+    ++s_->sends_pending;
+    s_->cv.notify_all();
+  }
+
   static void backoff(unsigned& spins) {
     if (spins < 64) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(spins < 512 ? 5 : 50));
@@ -573,9 +593,7 @@ class communicator {
       o.complete = o.cancelled = true;  // never matched: it holds no place in the split queue order
       return;
     }
-    int count = 0;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    o.received = static_cast<std::size_t>(count);
+    o.received = received_bytes(o, st);
     if (o.may_split && o.received == s_->chunk) o.draining = true;
     else o.complete = true;
   }
@@ -654,8 +672,24 @@ class communicator {
     o.cancelled = true;
   }
 
-  /// A staged scattered receive completed: its bytes go where the caller asked, once.
+  /// Bytes a completed receive got: counted in its own datatype (a scattered receive's
+  /// hindexed type, freed then) as MPI requires, else in bytes.
+  static std::size_t received_bytes(detail::op& o, const MPI_Status& st) {
+    if (o.type == MPI_DATATYPE_NULL) {
+      int count = 0;
+      MPI_Get_count(&st, MPI_BYTE, &count);
+      return static_cast<std::size_t>(count);
+    }
+    MPI_Count elements = 0;  // the type's basic elements are bytes
+    MPI_Get_elements_x(&st, o.type, &elements);
+    o.free_type();
+    return elements == MPI_UNDEFINED ? 0 : static_cast<std::size_t>(elements);
+  }
+
+  /// A staged scattered receive completed (not cancelled, not truncated): its bytes go where
+  /// the caller asked, once.
   static void scatter_staged(detail::op& o) {
+    if (o.scatter_to.empty() || !o.complete || o.cancelled || o.truncated) return;
     std::size_t at = 0;
     for (auto to : o.scatter_to) {
       const auto n = std::min(to.size(), o.received - std::min(o.received, at));
