@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sanitizer builds of the tests (CI runs this after tests/run_all.sh): the unit tests and the
-# in-process fault tests with AddressSanitizer + UndefinedBehaviorSanitizer, the in-process
-# tests (unit.transport, unit.clone, unit.agreement, unit.failover, fault.matrix, fault.campaign) with ThreadSanitizer.
+# in-process fault tests and the partitioned plan and transfer with AddressSanitizer +
+# UndefinedBehaviorSanitizer, the in-process tests (unit.transport, unit.clone, unit.agreement,
+# unit.failover, fault.matrix, fault.campaign, partition.transfer) with ThreadSanitizer.
 # unit.clone, unit.failover and fault.matrix run subsets of their cases (doctest filters), and
 # fault.campaign a few seeds (CAMPAIGN_ASAN_SEEDS, CAMPAIGN_TSAN_SEEDS; engine timeout 3 s), to
 # keep the whole script near 20 minutes on 2 cores; the builds take most of it.
@@ -22,10 +23,11 @@ if [[ $what == asan || $what == all ]]; then
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" >/dev/null
   units=(plan transport agreement errors training failover link spill)
   [[ -f /usr/include/xxhash.h ]] && units+=(xxhash)
-  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.reuse fault.campaign partition.plan "${units[@]/#/unit.}"
+  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.reuse fault.campaign partition.plan partition.transfer "${units[@]/#/unit.}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   for t in "${units[@]}"; do run "$b/tests/unit/unit.$t"; done
   run "$b/tests/partition/partition.plan"
+  run "$b/tests/partition/partition.transfer"
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*silenced coordinator*'
   run "$b/tests/fault/fault.input" -tce='*64 MiB*'
@@ -36,9 +38,10 @@ if [[ $what == tsan || $what == all ]]; then
   b=$root/build-tsan
   run cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Debug -DDEEPCLONE_CUDA=OFF -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" >/dev/null
-  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.agreement unit.failover fault.matrix fault.reuse fault.campaign
+  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.agreement unit.failover fault.matrix fault.reuse fault.campaign partition.transfer
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   run "$b/tests/unit/unit.transport"
+  run "$b/tests/partition/partition.transfer"
   run "$b/tests/unit/unit.agreement"
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/unit/unit.failover" -tc='*corrupted piece*,*verify_replicas: every*,*digest never*'
