@@ -176,11 +176,6 @@ nlohmann::json row(const options& o, const dc::layout& lay, const setup& st, con
           {"send_calls_s", r.send_calls_s}, {"plan_s", st.plan_s}, {"verified", r.verified}, {"loadavg", loadavg()}};
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 /// Median, min and max of one figure over the rounds of one layout and link.
 nlohmann::json spread(const std::vector<nlohmann::json>& rows, const char* key) {
   std::vector<double> v;

@@ -2,7 +2,8 @@
 // Shared by the partitioned-state benchmarks (partition_bench.cpp in process,
 // partition_bench_mpi.cpp under mpirun): bert_large's real layout with Adam's slots, scaled;
 // its ZeRO-1 and TP2xDP2 holdings into replicated clone ranks; each rank's own tensors
-// filled with the value of every element's global position, and the check of a clone's.
+// filled with the value of every element's global position, the check of a clone's, and
+// the median of a figure's rounds.
 #include <deepclone/holdings.hpp>
 
 #include <algorithm>
@@ -185,6 +186,11 @@ inline expectation expected(const dc::layout& lay, const scenario& s) {
     }
   }
   return e;
+}
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace partition_bench

@@ -53,6 +53,13 @@ inline std::size_t sum_count(const partition_group& g) {
   return n;
 }
 
+/// The spans message `m`'s checksums cover, given its bytes laid out contiguously: one per
+/// run of a gathered message, else the whole (the rule `sum_count` counts).
+template <class Byte>
+std::vector<std::span<Byte>> checksummed_parts(const partition_message& m, std::span<Byte> contiguous) {
+  return m.gather ? packed_runs(m, contiguous) : std::vector<std::span<Byte>>{contiguous};
+}
+
 /// Whether message `m` travels gathered on `Comm` (without packing), or contiguously.
 template <class Comm>
 bool gathers(const partition_message& m) {
@@ -227,8 +234,7 @@ class partition_sender {
       for (const auto& r : m.runs) o.runs.push_back(source_run(route_.global, r, tensors_));
     else
       o.bytes = message_bytes(m);
-    const auto parts = !o.runs.empty() ? o.runs : m.gather ? packed_runs(m, o.bytes) : std::vector{o.bytes};
-    for (auto p : parts) sums.push_back(Checksum::compute(p));
+    for (auto p : !o.runs.empty() ? o.runs : detail::checksummed_parts(m, o.bytes)) sums.push_back(Checksum::compute(p));
     return o;
   }
   /// A direct message's run in the own tensor, or a packed message's buffer.
@@ -360,8 +366,7 @@ class partition_receiver {
   /// buffer, or (gathered) each run, in the buffer or in the own tensors.
   std::vector<std::span<std::byte>> arrived(const partition_message& m, std::span<std::byte> packed) {
     if (!m.packed) return {clone_run(route_.global, m.runs.front(), tensors_)};
-    if (!m.gather) return {packed};
-    return detail::gathers<Comm>(m) ? clone_runs(m) : packed_runs(m, packed);
+    return detail::gathers<Comm>(m) ? clone_runs(m) : detail::checksummed_parts(m, packed);
   }
   void verify(const partition_group& g, std::size_t i, std::span<std::byte> packed, std::span<const std::uint64_t> sums) {
     const auto& m = g.messages[i];
