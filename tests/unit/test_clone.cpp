@@ -1,14 +1,15 @@
-// End-to-end clones on the in-process transport, for every sharding x pipeline x
-// reconstruction combination, N in {1,2,3,4} sources and M in {1,2,3} clone ranks. The
-// sources keep training (overwriting every tensor each iteration) while the clone is in
-// flight; each clone rank must hold the state of the agreed iteration k bit for bit,
-// optimizer slots and metadata included.
+// End-to-end clones on the in-process transport, split_even x every pipeline x
+// reconstruction combination (the other shardings: test_clone_shardings.cpp), N in {1,2,3,4}
+// sources and M in {1,2,3} clone ranks. The sources keep training (overwriting every tensor
+// each iteration) while the clone is in flight; each clone rank must hold the state of the
+// agreed iteration k bit for bit, optimizer slots and metadata included.
 #include <doctest/doctest.h>
 
 #include <deepclone/deepclone.hpp>
 
 #include "../support/clone_run.hpp"  // clone_once, clone_all_sizes
 #include "../support/replica.hpp"    // replica, small_settings
+#include "clone_matrix.hpp"          // DEEPCLONE_PIPELINES
 
 #include <algorithm>
 #include <atomic>
@@ -31,30 +32,10 @@ using dc::testing::clone_all_sizes;
 using dc::testing::clone_once;
 
 using comm = dc::inproc::communicator;
-template <class Shard, class Pipeline>
-struct both {
-  using direct = dc::engine<comm, Shard, Pipeline, dc::reconstruct::direct>;
-  using scatter = dc::engine<comm, Shard, Pipeline, dc::reconstruct::scatter_exchange>;
-};
 
 }  // namespace
 
-#define DEEPCLONE_PIPELINES(Shard)                                                                                \
-  both<Shard, dc::pipeline::window>::direct, both<Shard, dc::pipeline::window>::scatter,                          \
-      both<Shard, dc::pipeline::staged>::direct, both<Shard, dc::pipeline::staged>::scatter,                      \
-      both<Shard, dc::pipeline::blocking>::direct, both<Shard, dc::pipeline::blocking>::scatter
-
 TEST_CASE_TEMPLATE("clone equals the sources' state of iteration k (split_even)", E, DEEPCLONE_PIPELINES(dc::shard::split_even)) {
-  clone_all_sizes<E>();
-}
-TEST_CASE_TEMPLATE("clone equals the sources' state of iteration k (whole_tensor)", E, DEEPCLONE_PIPELINES(dc::shard::whole_tensor)) {
-  clone_all_sizes<E>();
-}
-TEST_CASE_TEMPLATE("clone equals the sources' state of iteration k (layer_round_robin)", E,
-                   DEEPCLONE_PIPELINES(dc::shard::layer_round_robin)) {
-  clone_all_sizes<E>();
-}
-TEST_CASE_TEMPLATE("clone equals the sources' state of iteration k (single_root)", E, DEEPCLONE_PIPELINES(dc::shard::single_root)) {
   clone_all_sizes<E>();
 }
 
