@@ -33,7 +33,9 @@ def check_record(r, extra={}):
 
 
 def table_rows(path):
-    return [l for l in open(path) if l.startswith("| ") and not l.startswith("| link")]
+    """A markdown file's table rows: its "| " lines but each table's header (the line before "|---")."""
+    ls = open(path).readlines()
+    return [l for i, l in enumerate(ls) if l.startswith("| ") and not (i + 1 < len(ls) and ls[i + 1].startswith("|---"))]
 
 
 def python_with_matplotlib():
@@ -94,9 +96,22 @@ PARTITION_REQUIRED = {"layout": str, "link": str, "round": int, "state_bytes": i
                       "readiness_s": NUM, "send_calls_s": NUM, "plan_s": NUM, "verified": bool, "loadavg": list}
 
 
+CHECKPOINT_REQUIRED = {"layout": str, "strategy": str, "round": int, "state_bytes": int, "file_bytes": list, "save_s": NUM,
+                       "readiness_s": NUM, "cold_read": str, "verified": bool, "loadavg": list}
+
+
+def check_checkpoint_row(r):
+    for k, t in CHECKPOINT_REQUIRED.items():
+        assert isinstance(r.get(k), t), f"{k} missing or of the wrong type in {r}"
+    assert r["verified"], f"a clone byte differs after the checkpoint's load: {r['layout']} round {r['round']}"
+    assert 0 < r["save_s"] < r["readiness_s"], "a load starts after the save"
+    assert sum(r["file_bytes"]) == r["state_bytes"], "the checkpoint holds every byte of the state once"
+
+
 def check_partition(out, rounds):
-    rs = lines(os.path.join(out, "partition.jsonl"))
-    assert rs, "no measurements"
+    rows = lines(os.path.join(out, "partition.jsonl"))
+    assert rows, "no measurements"
+    rs = [r for r in rows if "strategy" not in r]
     for r in rs:
         for k, t in PARTITION_REQUIRED.items():
             assert isinstance(r.get(k), t), f"{k} missing or of the wrong type in {r}"
@@ -105,12 +120,15 @@ def check_partition(out, rounds):
         for sent, want in zip(r["sent_bytes"], r["expected_sent_bytes"]):  # the plan splits every region over its holders
             assert abs(sent - want) <= 0.01 * want, f"{r['layout']}: a source sends {sent} bytes, expected {want}"
         assert sum(r["received_bytes"]) == len(r["received_bytes"]) * r["state_bytes"], "replicated clones receive the whole state"
-    groups = {(r["layout"], r["link"]) for r in rs}
-    assert len(rs) == len(groups) * rounds
+    peers = [r for r in rows if "strategy" in r]
+    for r in peers:
+        check_checkpoint_row(r)
+    groups = {(r["layout"], r["link"]) for r in rs} | {(r["layout"], r["strategy"]) for r in peers}
+    assert len(rows) == len(groups) * rounds
     summ = lines(os.path.join(out, "partition_summary.jsonl"))
     assert len(summ) == len(groups) and all(s["verified"] and s["rounds"] == rounds for s in summ)
     assert len(table_rows(os.path.join(out, "partition_table.md"))) == len(summ)
-    print(f"ok: {len(rs)} rounds, {len(summ)} layouts x links")
+    print(f"ok: {len(rows)} rounds, {len(summ)} layouts x links or peers")
 
 
 if __name__ == "__main__":

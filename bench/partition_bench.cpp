@@ -24,8 +24,12 @@
 // in the same run, bytes sent per source against M x sum over tensors of (held / replication
 // factor), and the time the sources spend inside send calls (packing, checksums). Every
 // clone byte is checked against the value of its global position after each round.
+// The peer, in the same run and on the same state (--peers checkpoint, the default; none):
+// a resharding checkpoint as PyTorch DCP makes one. Each source saves its share with fsync,
+// then every clone rank loads all of it cold (O_DIRECT) into its own layout; its readiness is
+// save + load, and the sources stop for the save (section "peer" below).
 // Writes DIR/partition.jsonl (one line per round), DIR/partition_summary.jsonl (median,
-// min, max per layout and link) and DIR/partition_table.md.
+// min, max per layout and link or peer) and DIR/partition_table.md.
 #include <deepclone/emulated_link.hpp>
 #include <deepclone/inproc.hpp>
 #include <deepclone/integrations/json.hpp>
@@ -35,16 +39,19 @@
 #include <barrier>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "partition_checkpoint.hpp"
 #include "partition_layouts.hpp"
 
 namespace {
@@ -61,6 +68,8 @@ struct options {
   double link_gbs = 1.0, latency_us = 20;
   int rounds = 3;
   std::vector<std::string> layouts{"zero1", "tp2dp2"}, links{"raw", "emulated", "emulated_backfill"};
+  bool checkpoint = true;  ///< also run the resharding checkpoint peer (--peers checkpoint|none)
+  std::string ckpt_dir;    ///< where it writes (--ckpt-dir; default: --out)
 };
 
 /// What one round measured.
@@ -104,6 +113,52 @@ round_result run_round(const dc::layout& lay, const scenario& s, const dc::parti
     });
   for (auto& t : threads) t.join();
   round_result r{secs(t0, *std::max_element(done.begin(), done.end())), *std::max_element(send_calls.begin(), send_calls.end()), true};
+  for (std::size_t c = 0; c < m; ++c) r.verified = r.verified && verify(lay, s.dst[c], dst[c]);
+  return r;
+}
+
+// ------------------------------------------------------------ peer: a resharding checkpoint
+// (partition_checkpoint.hpp): the sources save at a common start, the clone ranks load once
+// every source has saved.
+
+struct checkpoint_round {
+  double save_s = 0, readiness_s = 0;
+  std::string cold_read;
+  bool verified = true;
+};
+
+/// One save and load: the sources save at a common start (the state is final), the clone ranks
+/// load once every source has saved (a restart starts from a complete checkpoint).
+checkpoint_round run_checkpoint_round(const dc::layout& lay, const scenario& s, const checkpoint_plan& cp,
+                                      std::vector<std::vector<std::vector<std::byte>>>& src, std::vector<std::vector<std::vector<std::byte>>>& dst,
+                                      std::vector<std::vector<std::byte*>>& files, std::vector<std::span<std::byte>> staging) {
+  const auto n = s.src.size(), m = s.dst.size();
+  for (auto& c : dst)
+    for (auto& t : c) std::fill(t.begin(), t.end(), std::byte{0xEE});
+  std::barrier start(static_cast<std::ptrdiff_t>(n + m)), saved(static_cast<std::ptrdiff_t>(n + m));
+  clock_type::time_point t0, t_saved;
+  std::vector<clock_type::time_point> done(m);
+  std::vector<std::string> how(m);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      const auto own = spans<const std::byte>(src[i]);
+      start.arrive_and_wait();
+      save_checkpoint(lay, cp, static_cast<std::uint32_t>(i), own, staging[i]);
+      saved.arrive_and_wait();
+    });
+  for (std::size_t c = 0; c < m; ++c)
+    threads.emplace_back([&, c] {
+      const auto own = spans<std::byte>(dst[c]);
+      start.arrive_and_wait();
+      if (c == 0) t0 = clock_type::now();
+      saved.arrive_and_wait();
+      if (c == 0) t_saved = clock_type::now();
+      how[c] = load_checkpoint(lay, cp, own, files[c]);
+      done[c] = clock_type::now();
+    });
+  for (auto& t : threads) t.join();
+  checkpoint_round r{secs(t0, t_saved), secs(t0, *std::max_element(done.begin(), done.end())), how[0], true};
   for (std::size_t c = 0; c < m; ++c) r.verified = r.verified && verify(lay, s.dst[c], dst[c]);
   return r;
 }
@@ -231,9 +286,12 @@ options parse(int argc, char** argv) {
     else if (a == "--layouts") o.layouts = list(v);
     else if (a == "--links") o.links = list(v);
     else if (a == "--out") o.out_dir = v;
+    else if (a == "--ckpt-dir") o.ckpt_dir = v;
+    else if (a == "--peers" && (v == "checkpoint" || v == "none")) o.checkpoint = v == "checkpoint";
     else throw std::invalid_argument("unknown option " + a);
   }
   if (o.divisor == 0 || o.rounds < 1) throw std::invalid_argument("--divisor and --rounds must be positive");
+  if (o.ckpt_dir.empty()) o.ckpt_dir = o.out_dir;
   return o;
 }
 
@@ -262,6 +320,62 @@ std::vector<nlohmann::json> measure(const options& o, const dc::layout& lay, con
   return rows;
 }
 
+/// Every round of the checkpoint peer on one layout; returns its summary (rows go to `jl`).
+nlohmann::json measure_checkpoint(const options& o, const dc::layout& lay, const setup& st, std::ostream& jl) {
+  const auto cp = make_checkpoint_plan(lay, st.s, o.ckpt_dir);
+  std::vector<std::vector<std::vector<std::byte>>> src, dst;
+  for (const auto& h : st.s.src) src.push_back(own_tensors(lay, h, true));
+  for (const auto& h : st.s.dst) dst.push_back(own_tensors(lay, h, false));
+  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> buffers;  // pre-faulted outside the rounds
+  std::vector<std::span<std::byte>> staging;
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    buffers.push_back(aligned_buffer(8u << 20));
+    staging.emplace_back(buffers.back().get(), std::size_t{8} << 20);
+  }
+  std::vector<std::vector<std::byte*>> files(dst.size());
+  for (auto& f : files)
+    for (auto bytes : cp.file_bytes) f.push_back(buffers.emplace_back(aligned_buffer(static_cast<std::size_t>(bytes) + 4096)).get());
+  std::vector<nlohmann::json> rows;
+  for (int round = 0; round < o.rounds; ++round) {
+    const auto r = run_checkpoint_round(lay, st.s, cp, src, dst, files, staging);
+    rows.push_back({{"model", o.model}, {"layout", st.s.name}, {"divisor", o.divisor}, {"sources", st.s.src.size()}, {"clones", st.s.dst.size()},
+                    {"strategy", "checkpoint_reshard"}, {"round", round}, {"state_bytes", lay.total_bytes()}, {"file_bytes", cp.file_bytes},
+                    {"save_s", r.save_s}, {"readiness_s", r.readiness_s}, {"cold_read", r.cold_read}, {"verified", r.verified}, {"loadavg", loadavg()}});
+    jl << rows.back().dump() << "\n" << std::flush;
+    std::cerr << st.s.name << " checkpoint round " << round << ": save " << r.save_s << " s, readiness " << r.readiness_s << " s, verified "
+              << r.verified << "\n";
+  }
+  for (std::size_t i = 0; i < cp.file_bytes.size(); ++i) std::filesystem::remove(cp.path(i));
+  bool verified = true;
+  for (const auto& r : rows) verified = verified && r["verified"].get<bool>();
+  const auto& f = rows.front();
+  return {{"model", f["model"]}, {"layout", f["layout"]}, {"strategy", "checkpoint_reshard"}, {"rounds", rows.size()},
+          {"state_bytes", f["state_bytes"]}, {"file_bytes", f["file_bytes"]}, {"save_s", spread(rows, "save_s")},
+          {"readiness_s", spread(rows, "readiness_s")}, {"cold_read", f["cold_read"]}, {"verified", verified}};
+}
+
+/// The checkpoint peer next to deepclone's raw row of the same layout.
+std::string checkpoint_table(const std::vector<nlohmann::json>& peers, const std::vector<nlohmann::json>& summaries) {
+  std::ostringstream t;
+  t.precision(3);
+  t << "| layout | checkpoint: save s (sources stopped) | checkpoint: readiness s (min-max) | MB written per source | read | deepclone raw readiness s | checkpoint / deepclone |\n"
+    << "|---|---|---|---|---|---|---|\n";
+  for (const auto& p : peers) {
+    const auto& r = p["readiness_s"];
+    t << "| " << p["layout"].get<std::string>() << " | " << p["save_s"]["median"].get<double>() << " | " << r["median"].get<double>() << " ("
+      << r["min"].get<double>() << "-" << r["max"].get<double>() << ") | ";
+    for (std::size_t i = 0; i < p["file_bytes"].size(); ++i) t << (i ? ", " : "") << p["file_bytes"][i].get<double>() / 1e6;
+    t << " | " << p["cold_read"].get<std::string>() << " | ";
+    const auto raw = std::find_if(summaries.begin(), summaries.end(), [&](const nlohmann::json& s) { return s["layout"] == p["layout"] && s["link"] == "raw"; });
+    if (raw == summaries.end()) t << "- | - |\n";
+    else {
+      const double d = (*raw)["readiness_s"]["median"].get<double>();
+      t << d << " | " << r["median"].get<double>() / d << "x |\n";
+    }
+  }
+  return t.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -271,7 +385,7 @@ int main(int argc, char** argv) try {
   std::cerr << o.model << " + Adam, dimension 0 / " << o.divisor << ": " << lay.total_bytes() / 1e6 << " MB of global state, "
             << lay.tensor_count() << " tensors in " << lay.layer_count() << " layers\n";
   std::ofstream jl(o.out_dir + "/partition.jsonl"), sl(o.out_dir + "/partition_summary.jsonl");
-  std::vector<nlohmann::json> summaries;
+  std::vector<nlohmann::json> summaries, peers;
   for (const auto& name : o.layouts) {
     if (name != "zero1" && name != "tp2dp2") throw std::invalid_argument("unknown layout " + name);
     const auto st = prepare(lay, name == "zero1" ? zero1(lay) : tp2dp2(lay));
@@ -279,10 +393,17 @@ int main(int argc, char** argv) try {
       summaries.push_back(summary(measure(o, lay, st, link_name, jl)));
       sl << summaries.back().dump() << "\n";
     }
+    if (o.checkpoint) {
+      peers.push_back(measure_checkpoint(o, lay, st, jl));
+      sl << peers.back().dump() << "\n";
+    }
   }
-  std::ofstream(o.out_dir + "/partition_table.md") << table(summaries);
-  std::cout << table(summaries);
+  const auto tables = table(summaries) + (peers.empty() ? "" : "\n" + checkpoint_table(peers, summaries));
+  std::ofstream(o.out_dir + "/partition_table.md") << tables;
+  std::cout << tables;
   for (const auto& s : summaries)
+    if (!s["verified"].get<bool>()) return 1;
+  for (const auto& s : peers)
     if (!s["verified"].get<bool>()) return 1;
   return 0;
 } catch (const std::exception& e) {

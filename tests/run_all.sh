@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs the Debian packages the tests need when they
-# are missing (Debian 12, as root or through sudo), configures, builds and runs every test.
+# are missing (Debian 12, as root or through sudo; ninja-build for tests/sanitize.sh, which CI
+# runs next), configures, builds and runs every test.
 #   tests/run_all.sh [extra ctest arguments, e.g. -L unit]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(doctest-dev libboost-mpi-dev libopenmpi-dev openmpi-bin libfmt-dev libthrust-dev libxxhash-dev nlohmann-json3-dev python3-matplotlib
-          libtorch-dev)
+          libtorch-dev ninja-build)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
