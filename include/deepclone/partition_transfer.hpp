@@ -2,7 +2,8 @@
 /// \file partition_transfer.hpp
 /// Moving the partitioned plan's bytes over a communicator (issue 12). A source sends its
 /// groups (partition_groups.hpp) message by message: a direct run straight from its own
-/// tensor (zero copy), short runs packed into one buffer, or (a `gather` message on a
+/// tensor (zero copy), short runs packed into one buffer (reused for a later message once
+/// its send completed), or (a `gather` message on a
 /// gathering_communicator) handed to the transport as they lie in its tensors; after each
 /// group, a sealed list of the checksums (one per message, one per run of a gather message).
 /// A clone rank receives a direct run straight into its own tensor, a packed message into a
@@ -25,6 +26,7 @@
 /// of an engine on the same communicator.
 /// Templated on the communicator and the checksum only.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -144,7 +146,7 @@ class partition_sender {
     if (done()) return;
     cancel();
     if constexpr (!detail::withdraws_sends<Comm>)
-      for (auto& b : buffers_) detail::retained_buffers::get().keep(std::move(b));
+      for (auto& b : lent_) detail::retained_buffers::get().keep(std::move(b.bytes));
   }
 
   /// Sends every group of layer `l` this source serves. Every run is bounds-checked
@@ -207,7 +209,18 @@ class partition_sender {
   struct outgoing {
     std::span<const std::byte> bytes;
     std::vector<std::span<const std::byte>> runs;
+    std::vector<std::byte> packed;  ///< the packed copy `bytes` points into, if packed
   };
+  /// A buffer a send reads: kept until requests_[layer][request] completes.
+  struct lent {
+    std::uint32_t layer = 0;
+    std::size_t request = 0;
+    std::vector<std::byte> bytes;
+  };
+  /// Buffers kept for reuse once their sends completed: a fresh page costs far more to touch
+  /// than a copy into one already mapped (packing tp2dp2's rows into new buffers took 0.95 s
+  /// of a source's send calls instead of 0.18 s, docs/performance.md).
+  static constexpr std::size_t max_spare_buffers = 32;
 
   void send_group(const partition_group& g) {
     const int data = detail::partition_tag(comm_, route_.tag_base, route_.global.layer_count(), g.layer, false);
@@ -216,41 +229,60 @@ class partition_sender {
     std::vector<outgoing> out;
     for (const auto& m : g.messages) out.push_back(prepare(m, sums.sums));  // all checked and packed before any send
     auto& requests = requests_.at(g.layer);
-    for (const auto& o : out) {
-      if constexpr (gathering_communicator<Comm>)
-        if (!o.runs.empty()) {
-          requests.push_back(comm_.isend_gather(to, data, o.runs));
-          continue;
-        }
-      requests.push_back(comm_.isend(to, data, o.bytes));
+    for (auto& o : out) {
+      requests.push_back(post(to, data, o));
+      if (!o.packed.empty()) lent_.push_back({g.layer, requests.size() - 1, std::move(o.packed)});  // the bytes stay put
     }
-    buffers_.push_back(sums.encode());
-    requests.push_back(comm_.isend(to, data + 1, std::span<const std::byte>(buffers_.back())));
+    auto encoded = sums.encode();
+    requests.push_back(comm_.isend(to, data + 1, std::span<const std::byte>(encoded)));
+    lent_.push_back({g.layer, requests.size() - 1, std::move(encoded)});
+  }
+  typename Comm::request_type post(int to, int tag, const outgoing& o) {
+    if constexpr (gathering_communicator<Comm>)
+      if (!o.runs.empty()) return comm_.isend_gather(to, tag, o.runs);
+    return comm_.isend(to, tag, o.bytes);
   }
   /// Checks (and packs, unless it is gathered) message `m`; appends its checksums to `sums`.
   outgoing prepare(const partition_message& m, std::vector<std::uint64_t>& sums) {
     outgoing o;
-    if (detail::gathers<Comm>(m))
+    if (detail::gathers<Comm>(m)) {
       for (const auto& r : m.runs) o.runs.push_back(source_run(route_.global, r, tensors_));
-    else
-      o.bytes = message_bytes(m);
+    } else if (m.packed) {
+      o.packed = take_buffer(static_cast<std::size_t>(m.bytes));
+      pack(route_.global, m.runs, tensors_, o.packed);
+      o.bytes = o.packed;
+    } else {
+      o.bytes = source_run(route_.global, m.runs.front(), tensors_);
+    }
     for (auto p : !o.runs.empty() ? o.runs : detail::checksummed_parts(m, o.bytes)) sums.push_back(Checksum::compute(p));
     return o;
   }
-  /// A direct message's run in the own tensor, or a packed message's buffer.
-  std::span<const std::byte> message_bytes(const partition_message& m) {
-    if (!m.packed) return source_run(route_.global, m.runs.front(), tensors_);
-    auto& b = buffers_.emplace_back(static_cast<std::size_t>(m.bytes));
-    pack(route_.global, m.runs, tensors_, b);
+  /// A buffer of `n` bytes: a spare one large enough, else a new one.
+  std::vector<std::byte> take_buffer(std::size_t n) {
+    recycle();
+    const auto fit = std::find_if(spare_.begin(), spare_.end(), [&](const auto& b) { return b.capacity() >= n; });
+    if (fit == spare_.end()) return std::vector<std::byte>(n);
+    auto b = std::move(*fit);
+    spare_.erase(fit);
+    b.resize(n);
     return b;
+  }
+  /// Moves the buffers of the oldest sends that completed to the spares (sends complete
+  /// roughly in the order posted; one still pending holds back the ones behind it).
+  void recycle() {
+    while (!lent_.empty() && comm_.test(requests_[lent_.front().layer][lent_.front().request])) {
+      if (spare_.size() < max_spare_buffers) spare_.push_back(std::move(lent_.front().bytes));
+      lent_.pop_front();
+    }
   }
 
   Comm& comm_;
   partition_route route_;
   std::uint32_t source_;
   std::vector<std::span<const std::byte>> tensors_;
-  std::deque<std::vector<std::byte>> buffers_;  // packed messages and sums, alive until their sends complete
   std::vector<std::deque<typename Comm::request_type>> requests_;  // per layer
+  std::deque<lent> lent_;                     // packed messages and sums, alive until their sends complete
+  std::vector<std::vector<std::byte>> spare_;  // buffers of completed sends, for reuse
 };
 
 /// A clone rank's side: receives every group it wants into its own tensors (`tensors[t]`:
