@@ -118,8 +118,7 @@ round_result run_round(const dc::layout& lay, const scenario& s, const dc::parti
 }
 
 // ------------------------------------------------------------ peer: a resharding checkpoint
-// (partition_checkpoint.hpp): the sources save at a common start, the clone ranks load once
-// every source has saved.
+// (partition_checkpoint.hpp)
 
 struct checkpoint_round {
   double save_s = 0, readiness_s = 0;
@@ -329,12 +328,12 @@ nlohmann::json measure_checkpoint(const options& o, const dc::layout& lay, const
   std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> buffers;  // pre-faulted outside the rounds
   std::vector<std::span<std::byte>> staging;
   for (std::size_t i = 0; i < src.size(); ++i) {
-    buffers.push_back(aligned_buffer(8u << 20));
-    staging.emplace_back(buffers.back().get(), std::size_t{8} << 20);
+    buffers.push_back(aligned_buffer(staging_bytes));
+    staging.emplace_back(buffers.back().get(), staging_bytes);
   }
   std::vector<std::vector<std::byte*>> files(dst.size());
   for (auto& f : files)
-    for (auto bytes : cp.file_bytes) f.push_back(buffers.emplace_back(aligned_buffer(static_cast<std::size_t>(bytes) + 4096)).get());
+    for (auto& b : file_buffers(cp)) f.push_back(buffers.emplace_back(std::move(b)).get());
   std::vector<nlohmann::json> rows;
   for (int round = 0; round < o.rounds; ++round) {
     const auto r = run_checkpoint_round(lay, st.s, cp, src, dst, files, staging);
@@ -381,6 +380,7 @@ std::string checkpoint_table(const std::vector<nlohmann::json>& peers, const std
 int main(int argc, char** argv) try {
   const auto o = parse(argc, argv);
   std::filesystem::create_directories(o.out_dir);
+  if (o.checkpoint) std::filesystem::create_directories(o.ckpt_dir);
   const auto lay = scaled_model(o.models_dir, o.model, o.divisor);
   std::cerr << o.model << " + Adam, dimension 0 / " << o.divisor << ": " << lay.total_bytes() / 1e6 << " MB of global state, "
             << lay.tensor_count() << " tensors in " << lay.layer_count() << " layers\n";

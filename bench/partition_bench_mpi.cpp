@@ -102,7 +102,7 @@ figures run_checkpoint_round(dc::mpi::communicator& c, const dc::layout& lay, va
   const auto t0 = clock_type::now();
   double ready = 0, save = 0;
   if (me < n) {
-    save_checkpoint(lay, *v.checkpoint, me, spans<const std::byte>(v.own), {v.buffers.front().get(), std::size_t{8} << 20});
+    save_checkpoint(lay, *v.checkpoint, me, spans<const std::byte>(v.own), {v.buffers.front().get(), staging_bytes});
     save = std::chrono::duration<double>(clock_type::now() - t0).count();
   }
   c.barrier();
@@ -159,9 +159,8 @@ std::vector<variant> variants(const dc::layout& lay, std::uint32_t me, const std
       auto& v = out.emplace_back(variant{layout, name, std::move(s), std::move(groups), std::move(own)});
       if (name != "checkpoint") continue;
       v.checkpoint = make_checkpoint_plan(lay, v.s, ckpt_dir);
-      if (source) v.buffers.push_back(aligned_buffer(std::size_t{8} << 20));  // the save's staging
-      else
-        for (auto bytes : v.checkpoint->file_bytes) v.buffers.push_back(aligned_buffer(static_cast<std::size_t>(bytes) + 4096));
+      if (source) v.buffers.push_back(aligned_buffer(staging_bytes));  // the save's staging
+      else v.buffers = file_buffers(*v.checkpoint);
     }
   return out;
 }
@@ -204,7 +203,7 @@ int main(int argc, char** argv) try {
                        {"readiness_s", f.readiness_s}, {"send_calls_s", f.send_calls_s}, {"verified", f.verified}, {"transport", "mpi"}};
       jl << j.dump() << "\n" << std::flush;
     }
-  if (c.rank() < 4) std::filesystem::remove(vs.back().checkpoint->path(static_cast<std::size_t>(c.rank())));
+  if (static_cast<std::size_t>(c.rank()) < vs.back().s.src.size()) std::filesystem::remove(vs.back().checkpoint->path(static_cast<std::size_t>(c.rank())));
   if (c.rank() == 0) {
     std::cout << "| layout, variant | readiness s (median of " << o.rounds << ") | min-max | send calls (checkpoint: save) s |\n|---|---|---|---|\n";
     for (auto& [key, r] : ready)

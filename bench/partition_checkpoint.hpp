@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -26,8 +27,11 @@
 
 namespace partition_bench {
 
+/// The save's staging buffer and the load's read size.
+inline constexpr std::size_t staging_bytes = std::size_t{8} << 20;
+
 /// One aligned buffer of at least `bytes` (O_DIRECT needs 4 KiB alignment), pre-faulted.
-std::unique_ptr<std::byte, decltype(&std::free)> aligned_buffer(std::size_t bytes) {
+inline std::unique_ptr<std::byte, decltype(&std::free)> aligned_buffer(std::size_t bytes) {
   void* p = nullptr;
   const std::size_t size = std::max<std::size_t>(4096, (bytes + 4095) / 4096 * 4096);
   if (::posix_memalign(&p, 4096, size) != 0) throw std::runtime_error("posix_memalign");
@@ -48,7 +52,7 @@ struct checkpoint_plan {
   }
 };
 
-checkpoint_plan make_checkpoint_plan(const dc::layout& lay, const scenario& s, const std::string& dir) {
+inline checkpoint_plan make_checkpoint_plan(const dc::layout& lay, const scenario& s, const std::string& dir) {
   for (const auto& h : s.dst)
     for (const auto& parts : h.of_tensor)
       if (parts.size() != 1 || parts[0].kind != dc::part::shape_kind::whole || parts[0].local_offset != 0)
@@ -61,7 +65,7 @@ checkpoint_plan make_checkpoint_plan(const dc::layout& lay, const scenario& s, c
 
 /// Source `i` saves its share: packed through an 8 MiB staging buffer, fsync, and its pages
 /// dropped so that a load reads the disk.
-void save_checkpoint(const dc::layout& lay, const checkpoint_plan& cp, std::uint32_t i, std::span<const std::span<const std::byte>> own,
+inline void save_checkpoint(const dc::layout& lay, const checkpoint_plan& cp, std::uint32_t i, std::span<const std::span<const std::byte>> own,
                      std::span<std::byte> staging) {
   const int fd = ::open(cp.path(i).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw std::runtime_error("cannot create " + cp.path(i));
@@ -71,37 +75,38 @@ void save_checkpoint(const dc::layout& lay, const checkpoint_plan& cp, std::uint
     used = 0;
   };
   cp.for_messages(i, [&](const dc::partition_message& m) {
+    if (m.bytes > staging.size()) throw std::invalid_argument("a message larger than the checkpoint's staging buffer");
     if (used + m.bytes > staging.size()) flush();
     dc::pack(lay, m.runs, own, staging.subspan(used, static_cast<std::size_t>(m.bytes)));
     used += static_cast<std::size_t>(m.bytes);
   });
   flush();
-  ::fsync(fd);
+  if (::fsync(fd) != 0) throw std::runtime_error("fsync of " + cp.path(i) + ": " + std::strerror(errno));
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
 }
 
 /// Reads source `i`'s whole file into `into` (O_DIRECT where the file system allows it, else
 /// buffered after POSIX_FADV_DONTNEED); returns how it read.
-std::string read_cold(const checkpoint_plan& cp, std::uint32_t i, std::byte* into) {
+inline std::string read_cold(const checkpoint_plan& cp, std::uint32_t i, std::byte* into) {
   int fd = ::open(cp.path(i).c_str(), O_RDONLY | O_DIRECT);
   const bool direct = fd >= 0;
   if (!direct) {
     if ((fd = ::open(cp.path(i).c_str(), O_RDONLY)) < 0) throw std::runtime_error("cannot open " + cp.path(i));
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   }
-  const std::uint64_t size = cp.file_bytes[i], chunk = 8u << 20;
-  for (std::uint64_t at = 0; at < size; at += chunk) {
-    const auto want = std::min(chunk, size - at), ask = direct ? (want + 4095) / 4096 * 4096 : want;
+  const std::uint64_t size = cp.file_bytes[i];
+  for (std::uint64_t at = 0; at < size; at += staging_bytes) {
+    const auto want = std::min<std::uint64_t>(staging_bytes, size - at), ask = direct ? (want + 4095) / 4096 * 4096 : want;
     if (::pread(fd, into + at, static_cast<std::size_t>(ask), static_cast<off_t>(at)) < static_cast<ssize_t>(want))
-      throw std::runtime_error("short read from " + cp.path(i));
+      throw std::runtime_error("short read from " + cp.path(i) + ": " + std::strerror(errno));
   }
   ::close(fd);
   return direct ? "O_DIRECT" : "POSIX_FADV_DONTNEED";
 }
 
 /// Clone rank loads every source's file and places its runs.
-std::string load_checkpoint(const dc::layout& lay, const checkpoint_plan& cp, std::span<const std::span<std::byte>> own,
+inline std::string load_checkpoint(const dc::layout& lay, const checkpoint_plan& cp, std::span<const std::span<std::byte>> own,
                             std::span<std::byte*> files) {
   std::string how;
   for (std::uint32_t i = 0; i < cp.file_bytes.size(); ++i) {
@@ -113,6 +118,13 @@ std::string load_checkpoint(const dc::layout& lay, const checkpoint_plan& cp, st
     });
   }
   return how;
+}
+
+/// A clone rank's pre-faulted buffers for every source's file (aligned for O_DIRECT).
+inline std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> file_buffers(const checkpoint_plan& cp) {
+  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> out;
+  for (auto bytes : cp.file_bytes) out.push_back(aligned_buffer(static_cast<std::size_t>(bytes)));
+  return out;
 }
 
 }  // namespace partition_bench

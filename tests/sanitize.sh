@@ -2,7 +2,8 @@
 # Sanitizer builds of the tests (CI runs this after tests/run_all.sh): the unit tests and the
 # in-process fault tests and the partitioned plan and transfer with AddressSanitizer +
 # UndefinedBehaviorSanitizer, the in-process tests (unit.transport, unit.clone, unit.agreement,
-# unit.failover, fault.matrix, fault.campaign, partition.transfer) with ThreadSanitizer.
+# unit.failover, fault.matrix, fault.reuse, fault.campaign, partition.transfer) with
+# ThreadSanitizer.
 # unit.clone, unit.failover and fault.matrix run subsets of their cases (doctest filters), and
 # fault.campaign a few seeds (CAMPAIGN_ASAN_SEEDS, CAMPAIGN_TSAN_SEEDS; engine timeout 3 s).
 # The builds take most of the time: they use Ninja where it is installed (CMake's Makefiles
@@ -24,7 +25,7 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 # with another generator starts afresh.
 configure() {
   local cache=$1/CMakeCache.txt
-  if [[ -f $cache ]] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" "$cache"; then rm -rf "$1"; fi
+  if [[ -f $cache ]] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-${CMAKE_GENERATOR:-Unix Makefiles}}\$" "$cache"; then rm -rf "$1"; fi
   run cmake -S "$root" -B "$1" "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DDEEPCLONE_CUDA=OFF \
     -DDEEPCLONE_BUILD_BENCH=OFF -DDEEPCLONE_BUILD_EXAMPLES=OFF -DCMAKE_CXX_FLAGS="$2" >/dev/null
 }

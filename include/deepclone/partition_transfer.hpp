@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <new>
 #include <span>
 #include <string>
 #include <vector>
@@ -138,15 +139,15 @@ class partition_sender {
   }
   partition_sender(const partition_sender&) = delete;
   partition_sender& operator=(const partition_sender&) = delete;
-  /// Pending sends are withdrawn; where the transport cannot withdraw them (Open MPI), the
-  /// packed buffers they read outlive the sender (detail::retained_buffers), but direct and
-  /// gathered sends read the own tensors: keep those alive until done() where a clone rank
-  /// may have withdrawn.
+  /// Pending sends are withdrawn (cancel()); direct and gathered sends read the own
+  /// tensors: keep those alive until done() where a clone rank may have withdrawn.
   ~partition_sender() {
-    if (done()) return;
-    cancel();
-    if constexpr (!detail::withdraws_sends<Comm>)
-      for (auto& b : lent_) detail::retained_buffers::get().keep(std::move(b.bytes));
+    bool finished = false;
+    try {
+      finished = done();
+    } catch (...) {  // a failed send: withdraw the rest
+    }
+    if (!finished) cancel();
   }
 
   /// Sends every group of layer `l` this source serves. Every run is bounds-checked
@@ -183,8 +184,12 @@ class partition_sender {
     const auto name = l < route_.global.layer_count() ? "'" + route_.global.layers()[l].name + "'" : std::to_string(l);
     wait_until([&] { return layer_sent(l); }, timeout, "sends of layer " + name);
   }
-  /// Withdraws the sends still pending.
+  /// Withdraws the sends still pending. Where the transport cannot withdraw them (Open MPI:
+  /// a withdrawn send is only parked, and reads its buffer when a receive matches it later),
+  /// the packed buffers of the sends still pending outlive the sender
+  /// (detail::retained_buffers); none is reused.
   void cancel() noexcept {
+    for (auto& b : lent_) b.pending = !completed(requests_[b.layer][b.request]);
     for (auto& layer : requests_)
       for (auto& r : layer) {
         try {
@@ -192,6 +197,16 @@ class partition_sender {
         } catch (...) {
         }
       }
+    if constexpr (!detail::withdraws_sends<Comm>)
+      for (auto& b : lent_) {
+        if (!b.pending) continue;
+        try {
+          detail::retained_buffers::get().keep(std::move(b.bytes));
+        } catch (...) {  // out of memory: leak the buffer rather than free it under a send
+          (void)new (std::nothrow) std::vector<std::byte>(std::move(b.bytes));
+        }
+      }
+    lent_.clear();
   }
 
  private:
@@ -216,10 +231,12 @@ class partition_sender {
     std::uint32_t layer = 0;
     std::size_t request = 0;
     std::vector<std::byte> bytes;
+    bool packed = false;   ///< a packed message's (reused), else a group's sums
+    bool pending = false;  ///< still in flight when cancel() began
   };
-  /// Buffers kept for reuse once their sends completed: a fresh page costs far more to touch
-  /// than a copy into one already mapped (packing tp2dp2's rows into new buffers took 0.95 s
-  /// of a source's send calls instead of 0.18 s, docs/performance.md).
+  /// Packed buffers kept for reuse once their sends completed: a fresh page costs far more to
+  /// touch than a copy into one already mapped (docs/performance.md, "Packed buffers are
+  /// reused").
   static constexpr std::size_t max_spare_buffers = 32;
 
   void send_group(const partition_group& g) {
@@ -230,17 +247,32 @@ class partition_sender {
     for (const auto& m : g.messages) out.push_back(prepare(m, sums.sums));  // all checked and packed before any send
     auto& requests = requests_.at(g.layer);
     for (auto& o : out) {
-      requests.push_back(post(to, data, o));
-      if (!o.packed.empty()) lent_.push_back({g.layer, requests.size() - 1, std::move(o.packed)});  // the bytes stay put
+      if (o.packed.empty())
+        requests.push_back(post(to, data, o));
+      else
+        post_lent(g.layer, std::move(o.packed), true, [&] { return post(to, data, o); });  // o.bytes stay put
     }
     auto encoded = sums.encode();
-    requests.push_back(comm_.isend(to, data + 1, std::span<const std::byte>(encoded)));
-    lent_.push_back({g.layer, requests.size() - 1, std::move(encoded)});
+    const std::span<const std::byte> sums_bytes(encoded);
+    post_lent(g.layer, std::move(encoded), false, [&] { return comm_.isend(to, data + 1, sums_bytes); });
   }
   typename Comm::request_type post(int to, int tag, const outgoing& o) {
     if constexpr (gathering_communicator<Comm>)
       if (!o.runs.empty()) return comm_.isend_gather(to, tag, o.runs);
     return comm_.isend(to, tag, o.bytes);
+  }
+  /// Posts the send `send()` of a buffer the sender owns: the buffer is in lent_ before the
+  /// send reads it (its bytes do not move with it), and leaves again if the send fails.
+  template <class Send>
+  void post_lent(std::uint32_t layer, std::vector<std::byte>&& bytes, bool packed, Send send) {
+    auto& requests = requests_.at(layer);
+    lent_.push_back({layer, requests.size(), std::move(bytes), packed});
+    try {
+      requests.push_back(send());
+    } catch (...) {
+      lent_.pop_back();
+      throw;
+    }
   }
   /// Checks (and packs, unless it is gathered) message `m`; appends its checksums to `sums`.
   outgoing prepare(const partition_message& m, std::vector<std::uint64_t>& sums) {
@@ -257,22 +289,32 @@ class partition_sender {
     for (auto p : !o.runs.empty() ? o.runs : detail::checksummed_parts(m, o.bytes)) sums.push_back(Checksum::compute(p));
     return o;
   }
-  /// A buffer of `n` bytes: a spare one large enough, else a new one.
+  /// A buffer of `n` bytes: the smallest spare one large enough, else a new one.
   std::vector<std::byte> take_buffer(std::size_t n) {
     recycle();
-    const auto fit = std::find_if(spare_.begin(), spare_.end(), [&](const auto& b) { return b.capacity() >= n; });
+    auto fit = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it)
+      if (it->capacity() >= n && (fit == spare_.end() || it->capacity() < fit->capacity())) fit = it;
     if (fit == spare_.end()) return std::vector<std::byte>(n);
     auto b = std::move(*fit);
     spare_.erase(fit);
     b.resize(n);
     return b;
   }
-  /// Moves the buffers of the oldest sends that completed to the spares (sends complete
-  /// roughly in the order posted; one still pending holds back the ones behind it).
+  /// Moves the packed buffers of the oldest sends that completed to the spares (sends
+  /// complete roughly in the order posted; one still pending holds back the ones behind it).
   void recycle() {
-    while (!lent_.empty() && comm_.test(requests_[lent_.front().layer][lent_.front().request])) {
-      if (spare_.size() < max_spare_buffers) spare_.push_back(std::move(lent_.front().bytes));
+    while (!lent_.empty() && completed(requests_[lent_.front().layer][lent_.front().request])) {
+      if (lent_.front().packed && spare_.size() < max_spare_buffers) spare_.push_back(std::move(lent_.front().bytes));
       lent_.pop_front();
+    }
+  }
+  /// Whether send `r` completed; a failed one counts as pending here (wait() reports it).
+  bool completed(typename Comm::request_type& r) noexcept {
+    try {
+      return comm_.test(r).has_value();
+    } catch (...) {
+      return false;
     }
   }
 

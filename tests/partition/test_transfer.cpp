@@ -2,7 +2,8 @@
 // one thread per rank, sources sending their layers last-first as a trainer updates them,
 // every clone byte checked against the source pattern of its global position (ZeRO-1,
 // ZeRO-3, TP2xDP2, pipeline 2 stages x DP2 into 2 stages and into one, randomised holdings, with the default and with tiny message limits); a corrupted
-// message or checksum list is refused naming the group, silence times out naming it, and
+// message or checksum list is refused naming the group, silence times out naming it, a
+// cancelled send's packed buffer outlives it where the transport cannot withdraw sends, and
 // tags beyond the communicator's bound are refused before anything is posted.
 #include <doctest/doctest.h>
 
@@ -277,6 +278,52 @@ TEST_CASE("partition transfer: a source learns per layer when its sends complete
   clone.join();
   CHECK(send.done());
   for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, 0, dst, t), "tensor " << t);
+}
+
+namespace {
+/// Sends that never complete on their own and that cancel only parks, as Open MPI's: a
+/// withdrawn send reports completion, yet still reads its buffer when a receive matches it.
+struct parked_sends {
+  struct request_type {
+    std::size_t id = 0;
+    bool cancelled = false;
+  };
+  std::vector<std::span<const std::byte>> sends;
+  int rank() const { return 0; }
+  int size() const { return 8; }
+  request_type isend(int, int, std::span<const std::byte> b) {
+    sends.push_back(b);
+    return {sends.size() - 1};
+  }
+  request_type irecv(int, int, std::span<std::byte>) { return {}; }
+  std::optional<std::size_t> test(request_type& r) { return r.cancelled ? std::optional<std::size_t>(0) : std::nullopt; }
+  void cancel(request_type& r) { r.cancelled = true; }
+  std::vector<std::byte> deliver(std::size_t id) const { return {sends[id].begin(), sends[id].end()}; }
+};
+}  // namespace
+
+TEST_CASE("partition transfer: after cancel, packed buffers a transport could not withdraw stay valid and are not reused") {
+  const auto s = tp2_dp2();
+  const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
+  const auto roles = dc::roles::contiguous(n, m);
+  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), n, m, gather_small);
+  const dc::partition_route route{roles, s.lay, groups, tag_base};
+  auto src = own_tensors(s.lay, s.src[0], true);
+  const auto own = spans<const std::byte>(src);
+  parked_sends c;
+  std::vector<std::vector<std::byte>> sent;
+  {
+    dc::partition_sender<parked_sends> send(c, route, 0, own);
+    send.send_all();
+    for (std::size_t i = 0; i < c.sends.size(); ++i) sent.push_back(c.deliver(i));
+    send.cancel();
+    CHECK(send.done());     // every send reports completion once withdrawn...
+    send.send_layer(1);     // ...yet a later message must not be packed into a parked one's buffer
+  }
+  // Freshly allocated memory of the same sizes would reuse a freed buffer.
+  std::vector<std::vector<std::byte>> churn;
+  for (const auto& b : sent) churn.emplace_back(b.size(), std::byte{0xEE});
+  for (std::size_t i = 0; i < sent.size(); ++i) CHECK_MESSAGE(c.deliver(i) == sent[i], "send " << i);  // ASan: use after free
 }
 
 TEST_CASE("partition transfer: tags beyond the communicator's bound are refused before anything is posted") {
