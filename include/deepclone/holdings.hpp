@@ -232,6 +232,21 @@ class partition_plan {
     for (auto& x : transfers_) b += x.clone == c ? x.length : 0;
     return b;
   }
+  /// The transfers `keep` accepts, in this plan's order (a failover round replaces part of
+  /// a clone rank's transfers: detail/partition_failover.hpp).
+  template <class Keep>
+  partition_plan only(Keep keep) const {
+    partition_plan p;
+    for (const auto& x : transfers_)
+      if (keep(x)) p.transfers_.push_back(x);
+    return p;
+  }
+  /// This plan's transfers, then `more`'s.
+  partition_plan joined(const partition_plan& more) const {
+    partition_plan p = *this;
+    p.transfers_.insert(p.transfers_.end(), more.transfers_.begin(), more.transfers_.end());
+    return p;
+  }
   friend partition_plan make_partition_plan(const layout&, const std::vector<holdings>&, const std::vector<holdings>&,
                                             std::uint64_t);
   friend partition_plan make_failover_plan(const layout&, const std::vector<holdings>&, const partition_plan&,

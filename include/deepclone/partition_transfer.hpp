@@ -18,12 +18,15 @@
 /// messages between one source and one clone rank match in the order sent (the
 /// communicator's rule), which both sides walk alike.
 ///
-/// What this is today: the transfer from sources whose layers do not change until their
-/// sends are done (`layer_sent(l)` / `wait_layer(l)`: a trainer may train on and wait only
-/// before it updates a layer still in flight), driven by `progress()` or `wait()`. The fork
-/// point is the trainer's to agree on, and a group that fails its checksum is an error (no
-/// refetch, no failover): the live engines do not use it yet. The tags must not overlap those
-/// of an engine on the same communicator.
+/// What this is today: the transfer from sources whose layers do not change until they are
+/// reported sent (`layer_sent(l)` / `wait_layer(l)`: a trainer may train on and wait only
+/// before it updates a layer still in flight), driven by `progress()` or `wait()`. With
+/// `partition_route::failover` a source failed (or silent) is replaced by the live holders of
+/// its bytes (detail/partition_failover.hpp), and a layer counts as sent only once every
+/// clone rank that wants it acknowledged it. The fork point is the trainer's to agree on,
+/// and a group that fails its checksum is an error (no refetch): the live engines do not use
+/// it yet. The tags must not overlap those of an engine, or of an earlier transfer whose
+/// messages may still be unreceived (a silent source's notices), on the same communicator.
 /// Templated on the communicator and the checksum only.
 
 #include <algorithm>
@@ -32,6 +35,7 @@
 #include <cstdint>
 #include <deque>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +44,7 @@
 #include "communicator.hpp"
 #include "detail/bytes.hpp"
 #include "detail/outbox.hpp"
+#include "detail/partition_failover.hpp"
 #include "error.hpp"
 #include "holdings.hpp"
 #include "partition_groups.hpp"
@@ -118,12 +123,17 @@ int partition_tag(const Comm& c, int tag_base, std::size_t layers, std::uint32_t
 }  // namespace detail
 
 /// Where a transfer runs: the communicator's roles, the global layout, the groups every
-/// rank computed alike, and the first of the 2 x layers tags it uses.
+/// rank computed alike, and the first of the 2 x layers tags it uses (one more with
+/// failover: the clone ranks' notices).
 struct partition_route {
   const roles& ranks;
   const layout& global;
   const partition_groups& groups;
   int tag_base = 0;
+  /// Set (alike on every rank): a failed source's groups come from the live holders of the
+  /// same bytes, and a source keeps each layer until every clone rank that wants it
+  /// acknowledged it (detail/partition_failover.hpp). Null: no failover, no acknowledgements.
+  const partition_failover* failover = nullptr;
 };
 
 /// A source's side: sends its groups from its own tensors (`tensors[t]`: its part of global
@@ -132,10 +142,12 @@ template <class Comm, class Checksum = checksum::mix64>
 class partition_sender {
  public:
   partition_sender(Comm& c, partition_route route, std::uint32_t source, std::span<const std::span<const std::byte>> tensors)
-      : comm_(c), route_(route), source_(source), tensors_(tensors.begin(), tensors.end()), requests_(route_.global.layer_count()) {
+      : comm_(c), route_(route), source_(source), tensors_(tensors.begin(), tensors.end()), requests_(route_.global.layer_count()),
+        sent_(route_.global.layer_count(), 0), released_(route_.global.layer_count(), 0) {
     if (source >= route_.ranks.source_count())
       throw error(errc::invalid_argument, "partition_sender: source " + std::to_string(source) + " of " +
                                               std::to_string(route_.ranks.source_count()));
+    if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.groups, route_.ranks, source, route_.tag_base);
   }
   partition_sender(const partition_sender&) = delete;
   partition_sender& operator=(const partition_sender&) = delete;
@@ -150,32 +162,51 @@ class partition_sender {
     if (!finished) cancel();
   }
 
-  /// Sends every group of layer `l` this source serves. Every run is bounds-checked
-  /// against the own tensors before the first byte leaves (errc::invalid_argument).
+  /// Sends every group of layer `l` this source serves (then, with failover, the groups of
+  /// layer `l` it stands in for). Every run is bounds-checked against the own tensors
+  /// before the first byte leaves (errc::invalid_argument).
   void send_layer(std::uint32_t l) {
     for (auto gi : route_.groups.sent_by_source(source_)) {
       const auto& g = route_.groups.groups()[gi];
       if (g.layer == l) send_group(g);
     }
+    sent_.at(l) = 1;
+    progress();
   }
+  /// With failover: takes the clone ranks' notices and sends the replacement groups asked of
+  /// layers already sent (the other calls do this too). Never throws for what a clone rank
+  /// sent: a notice it cannot serve is dropped and counted (refused_notices()).
+  void progress() {
+    if (!failover_) return;
+    failover_->poll(released_);
+    for (std::uint32_t l = 0; l < sent_.size(); ++l)
+      if (sent_[l])
+        for (const auto& g : failover_->take_ready(l)) send_group(g);
+  }
+  /// Clone ranks' notices dropped (undecodable, or asking what this source cannot serve),
+  /// and why the last one was.
+  std::size_t refused_notices() const noexcept { return failover_ ? failover_->refused() : 0; }
+  std::string last_refusal() const { return failover_ ? failover_->last_refusal() : std::string(); }
   void send_all() {
     for (std::uint32_t l = 0; l < route_.global.layer_count(); ++l) send_layer(l);
   }
-  /// True once every send posted so far completed.
+  /// True once every send posted so far completed (with failover: and every layer was
+  /// acknowledged by every clone rank that wants it).
   bool done() {
+    progress();
     for (std::uint32_t l = 0; l < requests_.size(); ++l)
-      if (!layer_sent(l)) return false;
+      if (!layer_complete(l)) return false;
     return true;
   }
-  /// True once every send of layer `l` posted so far completed: from then on the trainer
-  /// may overwrite the layer (a live fork's window rule: the sources train on while the
-  /// bytes move, and wait only before updating a layer still in flight).
+  /// True once every send of layer `l` posted so far completed (with failover: and every
+  /// clone rank that wants the layer acknowledged it): from then on the trainer may
+  /// overwrite the layer (a live fork's window rule: the sources train on while the bytes
+  /// move, and wait only before updating a layer still in flight).
   bool layer_sent(std::uint32_t l) {
     if (l >= requests_.size())
       throw error(errc::invalid_argument, "partition_sender: layer " + std::to_string(l) + " of " + std::to_string(requests_.size()));
-    for (auto& r : requests_[l])
-      if (!comm_.test(r)) return false;
-    return true;
+    progress();
+    return layer_complete(l);
   }
   /// Blocks until done(); throws errc::timeout after `timeout`.
   void wait(std::chrono::nanoseconds timeout) { wait_until([&] { return done(); }, timeout, "sends"); }
@@ -189,14 +220,15 @@ class partition_sender {
   /// the packed buffers of the sends still pending outlive the sender
   /// (detail::retained_buffers); none is reused.
   void cancel() noexcept {
-    for (auto& b : lent_) b.pending = !completed(requests_[b.layer][b.request]);
+    for (auto& b : lent_) b.pending = !completed(requests_[b.layer][b.request].request);
     for (auto& layer : requests_)
       for (auto& r : layer) {
         try {
-          comm_.cancel(r);
+          comm_.cancel(r.request);
         } catch (...) {
         }
       }
+    if (failover_) failover_->cancel();
     if constexpr (!detail::withdraws_sends<Comm>)
       for (auto& b : lent_) {
         if (!b.pending) continue;
@@ -220,6 +252,20 @@ class partition_sender {
       idle.idle(until);
     }
   }
+  /// Whether layer `l` may be overwritten (layer_sent, without taking notices first); a
+  /// send to a clone rank that named this source failed no longer counts.
+  bool layer_complete(std::uint32_t l) {
+    for (auto& r : requests_[l])
+      if (!comm_.test(r.request) && !(failover_ && failover_->gone(r.clone))) return false;
+    if (failover_ && !failover_->acknowledged(l)) return false;
+    released_[l] = 1;
+    return true;
+  }
+  /// A posted send, and the clone rank it goes to.
+  struct posted {
+    typename Comm::request_type request;
+    std::uint32_t clone = 0;
+  };
   /// One message ready to go: its bytes (direct or packed), or its runs (gathered).
   struct outgoing {
     std::span<const std::byte> bytes;
@@ -248,13 +294,13 @@ class partition_sender {
     auto& requests = requests_.at(g.layer);
     for (auto& o : out) {
       if (o.packed.empty())
-        requests.push_back(post(to, data, o));
+        requests.push_back({post(to, data, o), g.clone});
       else
-        post_lent(g.layer, std::move(o.packed), true, [&] { return post(to, data, o); });  // o.bytes stay put
+        post_lent(g, std::move(o.packed), true, [&] { return post(to, data, o); });  // o.bytes stay put
     }
     auto encoded = sums.encode();
     const std::span<const std::byte> sums_bytes(encoded);
-    post_lent(g.layer, std::move(encoded), false, [&] { return comm_.isend(to, data + 1, sums_bytes); });
+    post_lent(g, std::move(encoded), false, [&] { return comm_.isend(to, data + 1, sums_bytes); });
   }
   typename Comm::request_type post(int to, int tag, const outgoing& o) {
     if constexpr (gathering_communicator<Comm>)
@@ -264,11 +310,11 @@ class partition_sender {
   /// Posts the send `send()` of a buffer the sender owns: the buffer is in lent_ before the
   /// send reads it (its bytes do not move with it), and leaves again if the send fails.
   template <class Send>
-  void post_lent(std::uint32_t layer, std::vector<std::byte>&& bytes, bool packed, Send send) {
-    auto& requests = requests_.at(layer);
-    lent_.push_back({layer, requests.size(), std::move(bytes), packed});
+  void post_lent(const partition_group& g, std::vector<std::byte>&& bytes, bool packed, Send send) {
+    auto& requests = requests_.at(g.layer);
+    lent_.push_back({g.layer, requests.size(), std::move(bytes), packed});
     try {
-      requests.push_back(send());
+      requests.push_back({send(), g.clone});
     } catch (...) {
       lent_.pop_back();
       throw;
@@ -304,7 +350,7 @@ class partition_sender {
   /// Moves the packed buffers of the oldest sends that completed to the spares (sends
   /// complete roughly in the order posted; one still pending holds back the ones behind it).
   void recycle() {
-    while (!lent_.empty() && completed(requests_[lent_.front().layer][lent_.front().request])) {
+    while (!lent_.empty() && completed(requests_[lent_.front().layer][lent_.front().request].request)) {
       if (lent_.front().packed && spare_.size() < max_spare_buffers) spare_.push_back(std::move(lent_.front().bytes));
       lent_.pop_front();
     }
@@ -322,9 +368,11 @@ class partition_sender {
   partition_route route_;
   std::uint32_t source_;
   std::vector<std::span<const std::byte>> tensors_;
-  std::vector<std::deque<typename Comm::request_type>> requests_;  // per layer
+  std::vector<std::deque<posted>> requests_;   // per layer
   std::deque<lent> lent_;                     // packed messages and sums, alive until their sends complete
   std::vector<std::vector<std::byte>> spare_;  // buffers of completed sends, for reuse
+  std::vector<char> sent_, released_;          // per layer: send_layer called; reported sent (may be overwritten)
+  std::optional<detail::source_failover<Comm>> failover_;
 };
 
 /// A clone rank's side: receives every group it wants into its own tensors (`tensors[t]`:
@@ -333,11 +381,13 @@ template <class Comm, class Checksum = checksum::mix64>
 class partition_receiver {
  public:
   partition_receiver(Comm& c, partition_route route, std::uint32_t clone, std::span<const std::span<std::byte>> tensors)
-      : comm_(c), route_(route), clone_(clone), tensors_(tensors.begin(), tensors.end()) {
+      : comm_(c), route_(route), clone_(clone), tensors_(tensors.begin(), tensors.end()), unverified_(route_.global.layer_count(), 0),
+        quiet_since_(route_.ranks.source_count(), detail::clock::now()) {
     if (clone >= route_.ranks.clone_count())
       throw error(errc::invalid_argument, "partition_receiver: clone rank " + std::to_string(clone) + " of " +
                                               std::to_string(route_.ranks.clone_count()));
-    for (auto gi : route_.groups.received_by_clone(clone_)) post_group(gi);
+    if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base);
+    for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi]);
   }
   partition_receiver(const partition_receiver&) = delete;
   partition_receiver& operator=(const partition_receiver&) = delete;
@@ -349,14 +399,41 @@ class partition_receiver {
   /// is unpacked then).
   bool progress() {
     bool all = true;
-    for (auto& in : incoming_) all = settle(in) && all;
-    return all;
+    for (auto& in : incoming_) all = (in.replaced || settle(in)) && all;
+    return all && (!failover_ || failover_->flushed());  // the sources wait for the acknowledgements
   }
   /// True once every group of layer `l` arrived and was verified.
-  bool layer_done(std::uint32_t l) const {
-    for (const auto& in : incoming_)
-      if (!in.verified && route_.groups.groups()[in.group].layer == l) return false;
-    return true;
+  bool layer_done(std::uint32_t l) const { return unverified_.at(l) == 0; }
+  /// Presumes `sources` failed: withdraws the receives of their groups still missing, tells
+  /// every source, and receives those groups' bytes from live holders instead
+  /// (route.failover). Sources already presumed failed are skipped. Throws
+  /// errc::source_failed naming the bytes where no live source holds them (no replica
+  /// exists), or where the route has no failover.
+  void fail_over(std::span<const std::uint32_t> sources) {
+    const auto named = [&](std::uint32_t s) { return std::find(sources.begin(), sources.end(), s) != sources.end(); };
+    if (!failover_)
+      throw error(errc::source_failed, "partitioned transfer: source " + std::to_string(sources.empty() ? 0 : sources.front()) +
+                                           " failed, and this transfer has no failover (partition_route::failover)");
+    for (auto s : sources)
+      if (s >= route_.ranks.source_count())
+        throw error(errc::invalid_argument, "partition_receiver::fail_over: source " + std::to_string(s) + " of " +
+                                                std::to_string(route_.ranks.source_count()));
+    if (std::all_of(sources.begin(), sources.end(), [&](std::uint32_t s) { return failover_->failed(s); })) return;
+    std::vector<incoming*> lost;
+    std::vector<std::uint32_t> layers;
+    for (auto& in : incoming_)
+      if (!in.verified && !in.replaced && (named(in.group->source) || failover_->failed(in.group->source))) {
+        lost.push_back(&in);
+        if (std::find(layers.begin(), layers.end(), in.group->layer) == layers.end()) layers.push_back(in.group->layer);
+      }
+    std::sort(layers.begin(), layers.end());
+    const auto& more = replacements_.emplace_back(failover_->fail_over(sources, std::move(layers)));  // throws: nothing withdrawn
+    for (auto* in : lost) {
+      withdraw(*in);
+      in->replaced = true;
+      --unverified_[in->group->layer];
+    }
+    for (auto gi : more.received_by_clone(clone_)) post_group(more.groups()[gi]);
   }
   /// Blocks until progress() is true; throws errc::timeout after `timeout`, naming the first
   /// group still missing. The receives are withdrawn on any error.
@@ -366,6 +443,7 @@ class partition_receiver {
     try {
       for (idle.mark(); !progress(); idle.mark()) {
         if (std::chrono::steady_clock::now() >= until) throw error(errc::timeout, "partitioned transfer: " + missing() + " did not arrive in time");
+        presume_silent_failed();
         idle.idle(until);
       }
     } catch (...) {
@@ -375,18 +453,13 @@ class partition_receiver {
   }
   /// Withdraws every pending receive: afterwards nothing more is written into the tensors.
   void cancel() noexcept {
-    for (auto& in : incoming_)
-      for (auto* r : in.requests()) {
-        try {
-          comm_.cancel(*r);
-        } catch (...) {
-        }
-      }
+    for (auto& in : incoming_) withdraw(in);
   }
 
  private:
   struct incoming {
-    std::uint32_t group = 0;
+    const partition_group* group = nullptr;  ///< in route.groups or a failover's replacements
+    bool replaced = false;                   ///< withdrawn: its source failed, replacement groups carry its bytes
     std::vector<typename Comm::request_type> data;
     std::vector<std::vector<std::byte>> packed;  // per message; empty for a direct one
     std::vector<std::byte> sums;
@@ -399,12 +472,13 @@ class partition_receiver {
     }
   };
 
-  void post_group(std::uint32_t gi) {
-    const auto& g = route_.groups.groups()[gi];
+  void post_group(const partition_group& g) {
     const int data = detail::partition_tag(comm_, route_.tag_base, route_.global.layer_count(), g.layer, false);
     const int from = route_.ranks.sources.at(g.source);
     auto& in = incoming_.emplace_back();
-    in.group = gi;
+    in.group = &g;
+    ++unverified_.at(g.layer);
+    quiet_since_.at(g.source) = detail::clock::now();  // asked for more: silence counts from now
     for (const auto& m : g.messages) {
       const bool buffered = m.packed && !detail::gathers<Comm>(m);
       auto& buf = in.packed.emplace_back(buffered ? static_cast<std::size_t>(m.bytes) : 0);
@@ -427,14 +501,44 @@ class partition_receiver {
     bool arrived = sums_bytes.has_value();
     for (auto& r : in.data) arrived = comm_.test(r).has_value() && arrived;
     if (!arrived) return false;
-    const auto& g = route_.groups.groups()[in.group];
+    const auto& g = *in.group;
     const auto sums = detail::partition_sums::decode_for(std::span<const std::byte>(in.sums).first(*sums_bytes), g);
     for (std::size_t i = 0, k = 0; i < g.messages.size(); k += g.messages[i].sum_count(), ++i)
       verify(g, i, in.packed[i], std::span<const std::uint64_t>(sums.sums).subspan(k, g.messages[i].sum_count()));
     for (std::size_t i = 0; i < g.messages.size(); ++i)
       if (g.messages[i].packed && !detail::gathers<Comm>(g.messages[i])) unpack(route_.global, g.messages[i].runs, in.packed[i], tensors_);
     in.verified = true;
+    delivered(g);
     return true;
+  }
+  /// Group `g` verified: notes its source alive, and acknowledges its layer once complete.
+  void delivered(const partition_group& g) {
+    quiet_since_[g.source] = detail::clock::now();
+    any_delivered_ = true;
+    if (--unverified_[g.layer] == 0 && failover_) failover_->acknowledge(g.layer);
+  }
+  /// Withdraws the receives of group `in` (cancel, or its source failed).
+  void withdraw(incoming& in) noexcept {
+    for (auto* r : in.requests()) {
+      try {
+        comm_.cancel(*r);
+      } catch (...) {
+      }
+    }
+  }
+  /// With failover: presumes failed the sources this rank still awaits that neither delivered
+  /// a group nor were asked for one for `presume_failed_after`, once some source delivered one.
+  void presume_silent_failed() {
+    if (!failover_ || !any_delivered_) return;
+    const auto now = detail::clock::now();
+    std::vector<std::uint32_t> silent;
+    for (const auto& in : incoming_) {
+      const auto s = in.group->source;
+      if (!in.verified && !in.replaced && now - quiet_since_[s] > route_.failover->presume_failed_after &&
+          std::find(silent.begin(), silent.end(), s) == silent.end())
+        silent.push_back(s);
+    }
+    if (!silent.empty()) fail_over(silent);
   }
   /// Message i's bytes where they arrived: one run in the own tensor (direct), the packed
   /// buffer, or (gathered) each run, in the buffer or in the own tensors.
@@ -461,8 +565,8 @@ class partition_receiver {
   }
   std::string missing() const {
     for (const auto& in : incoming_)
-      if (!in.verified) return detail::group_label(route_.global, route_.groups.groups()[in.group]);
-    return "nothing";
+      if (!in.verified && !in.replaced) return detail::group_label(route_.global, *in.group);
+    return failover_ ? "acknowledgements to the sources" : "nothing";
   }
 
   Comm& comm_;
@@ -470,6 +574,11 @@ class partition_receiver {
   std::uint32_t clone_;
   std::vector<std::span<std::byte>> tensors_;
   std::deque<incoming> incoming_;  // a deque: receives write into its elements' buffers, which must not move
+  std::vector<std::uint32_t> unverified_;                    // per layer: groups not verified nor replaced
+  std::vector<detail::clock::time_point> quiet_since_;       // per source: its last group verified or posted
+  bool any_delivered_ = false;
+  std::deque<partition_groups> replacements_;                // failovers' groups (a deque: incoming_ points into them)
+  std::optional<detail::clone_failover<Comm>> failover_;
 };
 
 }  // namespace deepclone

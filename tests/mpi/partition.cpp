@@ -13,6 +13,7 @@
 
 #include <boost/mpi/communicator.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -74,4 +75,40 @@ TEST_CASE("partition transfer over MPI: gathered messages beyond the adapter's p
   dc::mpi::communicator c(world, small);
   run(c, tp2_dp2(), dc::partition_group_options{4096, 1 << 20, 64});
   run(c, zero1(), dc::partition_group_options{4096, 1 << 20, 64});
+}
+
+TEST_CASE("partition transfer over MPI: a silent tensor-parallel source fails over to its twin while the sources train on") {
+  boost::mpi::communicator world;
+  dc::mpi::communicator c(world);
+  const auto s = tp2_dp2();
+  const auto roles = dc::roles::contiguous(4, 3);
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
+  const dc::partition_group_options opt{16, 256};
+  const auto groups = dc::make_partition_groups(plan, 4, 3, opt);
+  const dc::partition_failover failover{s.src, plan, opt, 256, std::chrono::milliseconds(500)};
+  const auto me = static_cast<std::uint32_t>(c.rank());
+  for (std::uint32_t dead : {1u, 2u}) {
+    // Its own tags: the notices the clone ranks sent the silent rank stay unreceived.
+    const dc::partition_route route{roles, s.lay, groups, 200 + 10 * static_cast<int>(dead), &failover};
+    if (me < 4 && me != dead) {
+      auto own = own_tensors(s.lay, s.src[me], true);
+      const auto bytes = spans<const std::byte>(own);
+      dc::partition_sender<dc::mpi::communicator> send(c, route, me, bytes);
+      for (auto l = static_cast<std::uint32_t>(s.lay.layer_count()); l-- > 0;) send.send_layer(l);
+      for (auto l = static_cast<std::uint32_t>(s.lay.layer_count()); l-- > 0;) {
+        send.wait_layer(l, std::chrono::seconds(60));  // then the trainer updates the layer
+        for (std::size_t t = s.lay.first_tensor(l); t < s.lay.first_tensor(l) + s.lay.layers()[l].tensors.size(); ++t)
+          std::fill(own[t].begin(), own[t].end(), std::byte{0});
+      }
+      send.wait(std::chrono::seconds(60));
+    } else if (me >= 4 && me < 7) {
+      auto own = own_tensors(s.lay, s.dst[me - 4], false);
+      const auto bytes = spans<std::byte>(own);
+      dc::partition_receiver<dc::mpi::communicator> receive(c, route, me - 4, bytes);
+      receive.wait(std::chrono::seconds(60));
+      for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
+        CHECK_MESSAGE(holds_pattern(s, me - 4, own, t), "clone rank " << me - 4 << ", tensor " << t << ", source " << dead << " silent");
+    }
+    c.barrier();
+  }
 }

@@ -1,0 +1,294 @@
+#pragma once
+/// \file detail/partition_failover.hpp
+/// Failover of a partitioned transfer (issue 12, item 4), templated on the communicator only.
+///
+/// A clone rank that presumes sources failed sends every source one `partition_notice`: the
+/// sources failed so far and the layers whose groups from them it still misses. Every rank
+/// (that clone rank and each source) keeps a `failover_ledger` per clone rank: the plan's
+/// transfers to it as the failovers so far changed them. A notice is applied alike on all of
+/// them: the transfers of failed sources in those layers are replaced by transfers from live
+/// holders of the same bytes (`make_failover_plan`), grouped as the plan's groups are. A
+/// source receives one clone rank's notices in the order sent (one tag), so all ranks apply
+/// the same rounds. A replacement group travels on its layer's tags after the source's own
+/// groups of that layer (a source serves it only once it sent that layer), so the clone
+/// rank's receives, posted after the original ones, match in order.
+///
+/// A source must still hold iteration k's bytes when asked to stand in for a failed holder,
+/// so each clone rank acknowledges every layer it verified, and with failover a source's
+/// layer counts as sent (may be overwritten) only once every clone rank that wants the layer
+/// acknowledged it, or named this source failed. Nothing a clone rank sends makes a source
+/// throw: an undecodable notice, one naming another clone rank, layers out of range or a
+/// request for a layer already released is dropped and counted (`refused`).
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../communicator.hpp"
+#include "../error.hpp"
+#include "../holdings.hpp"
+#include "../partition_groups.hpp"
+#include "../roles.hpp"
+#include "bytes.hpp"
+#include "outbox.hpp"
+
+namespace deepclone {
+
+/// What failover of a partitioned transfer needs, alike on every rank: the sources'
+/// holdings and the plan the groups came from, with the options and alignment they were made
+/// with. Set in `partition_route::failover`.
+struct partition_failover {
+  const std::vector<holdings>& sources;
+  const partition_plan& plan;
+  partition_group_options options{};
+  std::uint64_t alignment = 256;
+  /// A clone rank presumes a source failed when none of its groups verified for this long
+  /// while it still awaits some, once some source delivered (all quiet may only mean the
+  /// sources are not at the fork yet). Longer than a source's slowest layer.
+  std::chrono::nanoseconds presume_failed_after = std::chrono::seconds(5);
+};
+
+namespace detail {
+
+/// A clone rank's word to the sources: "layer verified" (an acknowledgement) or "these
+/// sources failed; send me their groups of these layers".
+struct partition_notice {
+  static constexpr std::uint32_t magic = 0x504E5431;  // "PNT1"
+  enum class kind : std::uint32_t { layer_verified = 1, failover = 2 };
+  kind what = kind::layer_verified;
+  std::uint32_t clone = 0;
+  std::vector<std::uint32_t> layers;  ///< verified: the one layer; failover: the layers still missing
+  std::vector<char> failed;           ///< failover: 1 per failed source index
+
+  static std::size_t max_size(std::size_t sources, std::size_t layers) { return 5 * 4 + sources + 4 * layers + 8; }
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic), w.u32(static_cast<std::uint32_t>(what)), w.u32(clone), w.u32(static_cast<std::uint32_t>(failed.size()));
+    for (char f : failed) w.u8(f ? 1 : 0);
+    w.u32(static_cast<std::uint32_t>(layers.size()));
+    for (auto l : layers) w.u32(l);
+    return seal(w);
+  }
+  /// Refuses (errc::corrupt_message) a broken seal, another clone rank, a failure list not
+  /// of `sources` entries, layers out of range or repeated, an acknowledgement of other
+  /// than one layer.
+  static partition_notice decode(std::span<const std::byte> b, std::uint32_t clone, std::size_t sources, std::size_t layer_count) {
+    reader r(unseal(b, "partition notice"), "partition notice");
+    if (r.u32() != magic) r.fail("bad magic word");
+    partition_notice n;
+    const auto what = r.u32();
+    if (what != 1 && what != 2) r.fail("unknown kind " + std::to_string(what));
+    n.what = static_cast<kind>(what);
+    if ((n.clone = r.u32()) != clone) r.fail("names clone rank " + std::to_string(n.clone) + ", sent by " + std::to_string(clone));
+    const auto failed = r.u32();
+    if (failed != (n.what == kind::failover ? sources : 0)) r.fail("a failure list of " + std::to_string(failed) + " sources");
+    for (std::uint32_t s = 0; s < failed; ++s) n.failed.push_back(r.u8() != 0);
+    const auto count = r.u32();
+    if (count > layer_count || (n.what == kind::layer_verified && count != 1)) r.fail(std::to_string(count) + " layers");
+    std::vector<char> seen(layer_count, 0);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      const auto l = r.u32();
+      if (l >= layer_count || seen[l]++) r.fail("layer " + std::to_string(l) + " out of range or repeated");
+      n.layers.push_back(l);
+    }
+    r.expect_end();
+    return n;
+  }
+};
+
+/// The plan's transfers to one clone rank as the failovers so far changed them. Every rank
+/// applies that clone rank's notices in the same order, so all hold the same ledger.
+class failover_ledger {
+ public:
+  failover_ledger(const partition_plan& plan, std::uint32_t clone) : transfers_(plan.only([&](auto& x) { return x.clone == clone; })) {}
+  /// Replaces the transfers of `n.failed` sources in `n.layers` by transfers from live
+  /// holders; returns them grouped. Throws errc::source_failed, naming the bytes, where no
+  /// live source holds them (the ledger is then unchanged).
+  partition_groups apply(const layout& global, const partition_failover& f, const partition_notice& n, std::uint32_t clones) {
+    std::vector<char> in_layers(global.layer_count(), 0);
+    for (auto l : n.layers) in_layers[l] = 1;
+    auto replaced = [&](const region_transfer& x) { return n.failed[x.source] && in_layers[x.layer]; };
+    const auto failed = std::vector<bool>(n.failed.begin(), n.failed.end());
+    const auto replacement = make_failover_plan(global, f.sources, transfers_.only(replaced), failed, f.alignment);
+    transfers_ = transfers_.only([&](auto& x) { return !replaced(x); }).joined(replacement);
+    return make_partition_groups(replacement, static_cast<std::uint32_t>(f.sources.size()), clones, f.options);
+  }
+
+ private:
+  partition_plan transfers_;
+};
+
+/// The tag of the clone ranks' notices: after the layers' data and sums tags. Throws
+/// errc::unsupported when it lies beyond the communicator's bound.
+template <class Comm>
+int notice_tag(const Comm& c, int tag_base, std::size_t layers) {
+  const long long tag = static_cast<long long>(tag_base) + 2LL * static_cast<long long>(layers);
+  if (tag_base < 0 || tag > max_tag_of(c))
+    throw error(errc::unsupported, "partitioned transfer with failover: " + std::to_string(layers) + " layers need tags " +
+                                       std::to_string(tag_base) + " to " + std::to_string(tag) + "; the communicator allows 0 to " +
+                                       std::to_string(max_tag_of(c)));
+  return static_cast<int>(tag);
+}
+
+/// A source's side of failover: receives every clone rank's notices, records which clone
+/// ranks acknowledged which layer, and computes the replacement groups it must send.
+template <class Comm>
+class source_failover {
+ public:
+  source_failover(Comm& c, const layout& global, const partition_failover& f, const partition_groups& groups, const roles& ranks,
+                  std::uint32_t source, int tag_base)
+      : comm_(c), global_(global), failover_(f), source_(source), clone_ranks_(ranks.clones) {
+    const auto layers = global.layer_count();
+    const int tag = notice_tag(c, tag_base, layers);
+    wanted_.assign(layers, std::vector<char>(clone_ranks_.size(), 0));
+    acked_ = wanted_;
+    for (const auto& g : groups.groups()) wanted_[g.layer][g.clone] = 1;
+    gone_.assign(clone_ranks_.size(), 0);
+    failed_.assign(clone_ranks_.size(), std::vector<char>(f.sources.size(), 0));
+    for (std::uint32_t c = 0; c < clone_ranks_.size(); ++c) {
+      ledgers_.emplace_back(f.plan, c);
+      inbox_.emplace_back().post(comm_, clone_ranks_[c], tag, partition_notice::max_size(f.sources.size(), layers));
+    }
+  }
+  source_failover(const source_failover&) = delete;
+  source_failover& operator=(const source_failover&) = delete;
+  ~source_failover() { cancel(); }
+
+  /// Takes the notices that arrived. `released[l]`: layer l was reported sent (the trainer may
+  /// have overwritten it), so no replacement of it can be served any more.
+  void poll(const std::vector<char>& released) {
+    for (std::uint32_t c = 0; c < inbox_.size(); ++c)
+      while (auto b = inbox_[c].test(comm_)) {
+        take(c, *b, released);
+        inbox_[c].repost(comm_);
+      }
+  }
+  /// Replacement groups of layer `l` this source must send now (its own groups of `l` are sent).
+  std::vector<partition_group> take_ready(std::uint32_t l) {
+    std::vector<partition_group> out;
+    for (auto it = pending_.begin(); it != pending_.end();)
+      if (it->layer == l) out.push_back(std::move(*it)), it = pending_.erase(it);
+      else ++it;
+    return out;
+  }
+  /// True once every clone rank that wants layer `l` acknowledged it or named this source failed.
+  bool acknowledged(std::uint32_t l) const {
+    for (std::size_t c = 0; c < clone_ranks_.size(); ++c)
+      if (wanted_[l][c] && !acked_[l][c] && !gone_[c]) return false;
+    return true;
+  }
+  /// Whether clone rank `c` named this source failed (it expects nothing more from here).
+  bool gone(std::uint32_t c) const { return gone_.at(c) != 0; }
+  /// Notices dropped (undecodable, a refused request), and why the last one was.
+  std::size_t refused() const noexcept { return refused_; }
+  const std::string& last_refusal() const noexcept { return last_refusal_; }
+  void cancel() noexcept {
+    for (auto& s : inbox_) s.cancel(comm_);
+  }
+
+ private:
+  void take(std::uint32_t c, std::span<const std::byte> b, const std::vector<char>& released) {
+    try {
+      const auto n = partition_notice::decode(b, c, failover_.sources.size(), global_.layer_count());
+      if (n.what == partition_notice::kind::layer_verified) acked_[n.layers.front()][c] = 1;
+      else serve(c, n, released);
+    } catch (const std::exception& e) {  // a clone rank's garbage, or a request no live source can serve
+      ++refused_;
+      last_refusal_ = "clone rank " + std::to_string(c) + ": " + e.what();
+    }
+  }
+  void serve(std::uint32_t c, const partition_notice& n, const std::vector<char>& released) {
+    if (n.failed[source_]) {  // presumed failed by this clone rank: it expects nothing more from here
+      gone_[c] = 1;
+      std::erase_if(pending_, [&](const partition_group& g) { return g.clone == c; });
+      return;
+    }
+    for (auto l : n.layers)
+      if (released[l])
+        throw error(errc::invalid_argument, "asks for layer '" + global_.layers()[l].name + "', which this source already released");
+    // Each round names a source more (at most N rounds): a clone rank repeating itself could
+    // otherwise make this source send without end.
+    bool more = false;
+    for (std::size_t s = 0; s < n.failed.size(); ++s) {
+      if (failed_[c][s] && !n.failed[s]) throw error(errc::invalid_argument, "a failover notice that revives source " + std::to_string(s));
+      more = more || (n.failed[s] && !failed_[c][s]);
+    }
+    if (!more) throw error(errc::invalid_argument, "a failover notice naming no newly failed source");
+    failed_[c] = n.failed;
+    auto groups = ledgers_[c].apply(global_, failover_, n, static_cast<std::uint32_t>(clone_ranks_.size()));
+    for (auto gi : groups.sent_by_source(source_)) pending_.push_back(groups.groups()[gi]);
+  }
+
+  Comm& comm_;
+  const layout& global_;
+  const partition_failover& failover_;
+  std::uint32_t source_;
+  std::vector<int> clone_ranks_;
+  std::vector<std::vector<char>> wanted_, acked_;  // per layer, per clone rank
+  std::vector<char> gone_;                        // clone ranks that named this source failed
+  std::vector<std::vector<char>> failed_;          // per clone rank: the sources it named failed so far
+  std::vector<failover_ledger> ledgers_;           // per clone rank
+  std::deque<inbox_slot<Comm>> inbox_;             // per clone rank (a deque: posted buffers must not move)
+  std::vector<partition_group> pending_;           // replacement groups not sent yet
+  std::size_t refused_ = 0;
+  std::string last_refusal_;
+};
+
+/// A clone rank's side of failover: acknowledges verified layers, and turns a failed source
+/// into a notice to every source and the replacement groups it must receive.
+template <class Comm>
+class clone_failover {
+ public:
+  clone_failover(Comm& c, const layout& global, const partition_failover& f, const roles& ranks, std::uint32_t clone, int tag_base)
+      : comm_(c), global_(global), failover_(f), clone_(clone), clones_(static_cast<std::uint32_t>(ranks.clone_count())),
+        source_ranks_(ranks.sources), tag_(notice_tag(c, tag_base, global.layer_count())), ledger_(f.plan, clone) {
+    failed_.assign(source_ranks_.size(), 0);
+    acked_.assign(global.layer_count(), 0);
+  }
+  clone_failover(const clone_failover&) = delete;
+  clone_failover& operator=(const clone_failover&) = delete;
+  ~clone_failover() { outbox_.cancel_all(comm_); }
+
+  /// Tells every live source that layer `l` is verified here (once).
+  void acknowledge(std::uint32_t l) {
+    if (acked_[l]) return;
+    acked_[l] = 1;
+    notify({partition_notice::kind::layer_verified, clone_, {l}, {}}, false);
+  }
+  /// Marks `failed` sources failed and returns the groups that replace theirs in `layers`;
+  /// every source is told (the failed ones that they are presumed failed). Throws
+  /// errc::source_failed where no live source holds a byte this rank wants.
+  partition_groups fail_over(std::span<const std::uint32_t> failed, std::vector<std::uint32_t> layers) {
+    for (auto s : failed) failed_.at(s) = 1;
+    const partition_notice n{partition_notice::kind::failover, clone_, std::move(layers), failed_};
+    auto groups = ledger_.apply(global_, failover_, n, clones_);
+    notify(n, true);
+    return groups;
+  }
+  bool failed(std::uint32_t s) const { return failed_.at(s) != 0; }
+  /// True once every notice's send completed (a source waits for the acknowledgements).
+  bool flushed() { return outbox_.all_done(comm_); }
+
+ private:
+  void notify(const partition_notice& n, bool to_failed_too) {
+    const auto bytes = n.encode();
+    for (std::uint32_t s = 0; s < source_ranks_.size(); ++s)
+      if (to_failed_too || !failed_[s]) outbox_.send_owned(comm_, source_ranks_[s], tag_, bytes);
+  }
+
+  Comm& comm_;
+  const layout& global_;
+  const partition_failover& failover_;
+  std::uint32_t clone_, clones_;
+  std::vector<int> source_ranks_;
+  int tag_;
+  failover_ledger ledger_;
+  std::vector<char> failed_, acked_;
+  outbox<Comm> outbox_;
+};
+
+}  // namespace detail
+}  // namespace deepclone

@@ -1,0 +1,271 @@
+// Failover of the partitioned transfer (partition_transfer.hpp with route.failover;
+// detail/partition_failover.hpp), in-process, one thread per rank. Live sources train on:
+// each overwrites a layer as soon as it is reported sent, so a source that released a layer
+// before every clone rank verified it would hand a clone rank garbage when asked to stand
+// in for a failed holder, and the byte check below would see it. A source silent from the
+// start, or dying after its first layer, is presumed failed and its groups come from its
+// replicas, byte-exact; where no replica exists, the clone rank's error says so. Notices a
+// clone rank sends that a source cannot serve are dropped and counted, never thrown.
+#include <doctest/doctest.h>
+
+#include <deepclone/inproc.hpp>
+#include <deepclone/partition_transfer.hpp>
+
+#include <chrono>
+#include <exception>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "scenarios.hpp"
+
+namespace dc = deepclone;
+using namespace partition_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int tag_base = 40;
+
+/// How a source behaves: sends every layer and trains on, never starts, or sends its last
+/// layer and then dies (its sender destroyed, as a crash withdraws its sends).
+enum class source_fate { live, silent, dies_after_one_layer };
+
+struct outcome {
+  std::vector<std::vector<std::vector<std::byte>>> dst;
+  std::vector<std::exception_ptr> clone_errors, source_errors;
+};
+
+/// A live source: sends its layers last-first, then updates each (writes 0x00 over its part
+/// of the layer) as soon as it is reported sent, then waits until done.
+void run_source(dc::inproc::communicator& c, const dc::partition_route& route, std::uint32_t i, std::vector<std::vector<std::byte>>& own,
+                source_fate fate, std::chrono::nanoseconds timeout) {
+  const auto in = spans<const std::byte>(own);
+  dc::partition_sender<dc::inproc::communicator> send(c, route, i, in);
+  const auto layers = static_cast<std::uint32_t>(route.global.layer_count());
+  for (auto l = layers; l-- > 0;) {
+    send.send_layer(l);
+    if (fate == source_fate::dies_after_one_layer) return;
+  }
+  for (auto l = layers; l-- > 0;) {
+    send.wait_layer(l, timeout);
+    for (std::size_t t = route.global.first_tensor(l); t < route.global.first_tensor(l) + route.global.layers()[l].tensors.size(); ++t)
+      std::fill(own[t].begin(), own[t].end(), std::byte{0});
+  }
+  send.wait(timeout);
+  CHECK(send.refused_notices() == 0);
+}
+
+outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chrono::nanoseconds presume, std::chrono::nanoseconds timeout = 20s) {
+  const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
+  const auto roles = dc::roles::contiguous(n, m);
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
+  const dc::partition_group_options opt{16, 256};
+  const auto groups = dc::make_partition_groups(plan, n, m, opt);
+  const dc::partition_failover failover{s.src, plan, opt, 256, presume};
+  const dc::partition_route route{roles, s.lay, groups, tag_base, &failover};
+  dc::inproc::world w(static_cast<int>(n + m));
+  std::vector<dc::inproc::communicator> comms;
+  for (std::uint32_t r = 0; r < n + m; ++r) comms.push_back(w.comm(static_cast<int>(r)));
+  std::vector<std::vector<std::vector<std::byte>>> src;
+  outcome out;
+  for (const auto& h : s.src) src.push_back(own_tensors(s.lay, h, true));
+  for (const auto& h : s.dst) out.dst.push_back(own_tensors(s.lay, h, false));
+  out.clone_errors.resize(m);
+  out.source_errors.resize(n);
+  std::vector<std::thread> threads;
+  for (std::uint32_t i = 0; i < n; ++i)
+    if (fates[i] != source_fate::silent)
+      threads.emplace_back([&, i] {
+        try {
+          run_source(comms[i], route, i, src[i], fates[i], timeout);
+        } catch (...) {
+          out.source_errors[i] = std::current_exception();
+        }
+      });
+  for (std::uint32_t c = 0; c < m; ++c)
+    threads.emplace_back([&, c] {
+      try {
+        const auto own = spans<std::byte>(out.dst[c]);
+        dc::partition_receiver<dc::inproc::communicator> receive(comms[n + c], route, c, own);
+        receive.wait(timeout);
+      } catch (...) {
+        out.clone_errors[c] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+std::string error_text(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+}
+
+void check_all_exact(const scenario& s, const outcome& o) {
+  for (std::size_t c = 0; c < s.dst.size(); ++c) {
+    CHECK_MESSAGE(!o.clone_errors[c], "clone rank " << c << ": " << (o.clone_errors[c] ? error_text(o.clone_errors[c]) : ""));
+    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, c, o.dst[c], t), "clone rank " << c << ", tensor " << t);
+  }
+  for (std::size_t i = 0; i < s.src.size(); ++i)
+    CHECK_MESSAGE(!o.source_errors[i], "source " << i << ": " << (o.source_errors[i] ? error_text(o.source_errors[i]) : ""));
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("partition failover: with every source alive, sources that train on hand over byte-exact state") {
+  const std::vector fates(4, source_fate::live);
+  check_all_exact(tp2_dp2(), run(tp2_dp2(), fates, 5s));
+  check_all_exact(zero1(), run(zero1(), fates, 5s));
+}
+
+TEST_CASE("partition failover: TP2xDP2, a tensor-parallel rank silent from the start; its twin stands in, byte-exact") {
+  for (std::uint32_t dead = 0; dead < 4; ++dead) {
+    CAPTURE(dead);
+    std::vector fates(4, source_fate::live);
+    fates[dead] = source_fate::silent;
+    check_all_exact(tp2_dp2(), run(tp2_dp2(), fates, 200ms));
+  }
+}
+
+TEST_CASE("partition failover: a source dies after its first layer; the rest of its groups come from its replica") {
+  std::vector fates(4, source_fate::live);
+  fates[2] = source_fate::dies_after_one_layer;
+  check_all_exact(tp2_dp2(), run(tp2_dp2(), fates, 200ms));
+  check_all_exact(pipeline_2x2(false), run(pipeline_2x2(false), fates, 200ms));
+}
+
+TEST_CASE("partition failover: ZeRO-1 with a source lost: its optimizer-slot partition has no replica, and the error says so") {
+  std::vector fates(4, source_fate::live);
+  fates[1] = source_fate::silent;
+  const auto o = run(zero1(), fates, 200ms, 3s);
+  for (std::size_t c = 0; c < 2; ++c) {
+    REQUIRE(o.clone_errors[c]);
+    try {
+      std::rethrow_exception(o.clone_errors[c]);
+    } catch (const dc::error& e) {
+      CHECK(e.kind() == dc::errc::source_failed);
+      CHECK(contains(e.what(), "no replica exists"));
+      CHECK(contains(e.what(), "adam_m"));
+      CHECK(contains(e.what(), "source 1"));
+    }
+  }
+}
+
+TEST_CASE("partition failover: randomised holdings with a silent source: byte-exact, or refused where no replica exists") {
+  std::mt19937_64 rng(77);
+  auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
+  int exact = 0, refused = 0;
+  for (int round = 0; round < 10; ++round) {
+    CAPTURE(round);
+    const auto s = random_scenario(pick);
+    const auto n = static_cast<std::uint32_t>(s.src.size());
+    if (n < 2) continue;
+    const auto dead = static_cast<std::uint32_t>(pick(n));
+    std::vector fates(n, source_fate::live);
+    fates[dead] = source_fate::silent;
+    const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
+    const auto o = run(s, fates, 300ms, 4s);
+    for (std::uint32_t c = 0; c < s.dst.size(); ++c) {
+      CAPTURE(c);
+      const auto mine = plan.only([&](const dc::region_transfer& x) { return x.clone == c; });
+      bool needs_dead = false, needs_live = false;
+      for (const auto& x : mine.transfers()) (x.source == dead ? needs_dead : needs_live) = true;
+      std::vector<bool> failed(n, false);
+      failed[dead] = true;
+      bool replicable = true;
+      try {
+        (void)dc::make_failover_plan(s.lay, s.src, mine, failed);
+      } catch (const dc::error&) {
+        replicable = false;
+      }
+      if (needs_dead && !needs_live) {  // nothing ever arrives here: silence is not presumed a failure
+        REQUIRE(o.clone_errors[c]);
+        CHECK(contains(error_text(o.clone_errors[c]), "did not arrive in time"));
+      } else if (needs_dead && !replicable) {
+        REQUIRE(o.clone_errors[c]);
+        CHECK(contains(error_text(o.clone_errors[c]), "no replica exists"));
+        ++refused;
+      } else {
+        CHECK_MESSAGE(!o.clone_errors[c], (o.clone_errors[c] ? error_text(o.clone_errors[c]) : ""));
+        for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, c, o.dst[c], t), "tensor " << t);
+        exact += needs_dead;
+      }
+    }
+  }
+  CHECK(exact > 0);  // else the test would not test failover
+  CHECK(refused > 0);
+}
+
+TEST_CASE("partition failover: notices a source cannot serve are dropped and counted, never thrown") {
+  // Two replicated sources, one clone rank. The clone rank first sends garbage on the notice
+  // tag, then receives everything; afterwards it asks for a layer the sources already released.
+  scenario s{two_layer_model(), {dc::holdings::replicated(two_layer_model()), dc::holdings::replicated(two_layer_model())},
+             {dc::holdings::replicated(two_layer_model())}};
+  const auto roles = dc::roles::contiguous(2, 1);
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
+  const auto groups = dc::make_partition_groups(plan, 2, 1);
+  const dc::partition_failover failover{s.src, plan};
+  const dc::partition_route route{roles, s.lay, groups, tag_base, &failover};
+  const int notice = tag_base + 2 * static_cast<int>(s.lay.layer_count());
+  dc::inproc::world w(3);
+  auto c0 = w.comm(0), c1 = w.comm(1), c2 = w.comm(2);
+  auto src0 = own_tensors(s.lay, s.src[0], true), src1 = own_tensors(s.lay, s.src[1], true), dst = own_tensors(s.lay, s.dst[0], false);
+  const auto in0 = spans<const std::byte>(src0), in1 = spans<const std::byte>(src1);
+  dc::partition_sender<dc::inproc::communicator> send0(c0, route, 0, in0), send1(c1, route, 1, in1);
+  const std::vector<std::byte> garbage(40, std::byte{0x7F});
+  dc::detail::partition_notice other{dc::detail::partition_notice::kind::layer_verified, 5, {0}, {}};  // names another clone rank
+  const auto other_bytes = other.encode();
+  auto send_notice = [&](std::span<const std::byte> b) {
+    auto r = c2.isend(0, notice, b);
+    (void)c2.wait(r);
+  };
+  const dc::detail::partition_notice nobody{dc::detail::partition_notice::kind::failover, 0, {}, {0, 0}};  // names no failed source
+  send_notice(garbage);
+  send_notice(other_bytes);
+  send_notice(nobody.encode());
+  {
+    const auto out = spans<std::byte>(dst);
+    dc::partition_receiver<dc::inproc::communicator> receive(c2, route, 0, out);
+    send0.send_all();
+    send1.send_all();
+    receive.wait(10s);
+  }
+  send0.wait(10s);
+  send1.wait(10s);
+  CHECK(send0.refused_notices() == 3);
+  CHECK(contains(send0.last_refusal(), "naming no newly failed source"));
+  const dc::detail::partition_notice late{dc::detail::partition_notice::kind::failover, 0, {1}, {0, 1}};  // source 1 "failed"
+  send_notice(late.encode());
+  for (int i = 0; i < 1000 && send0.refused_notices() < 4; ++i) send0.progress(), std::this_thread::sleep_for(1ms);
+  CHECK(send0.refused_notices() == 4);
+  CHECK(contains(send0.last_refusal(), "already released"));
+  CHECK(send1.refused_notices() == 0);
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, dst, t));
+}
+
+TEST_CASE("partition failover: without route.failover, fail_over is refused with the reason") {
+  const auto s = zero1();
+  const auto roles = dc::roles::contiguous(4, 2);
+  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), 4, 2);
+  const dc::partition_route route{roles, s.lay, groups, tag_base};
+  dc::inproc::world w(6);
+  auto c = w.comm(4);
+  auto dst = own_tensors(s.lay, s.dst[0], false);
+  const auto out = spans<std::byte>(dst);
+  dc::partition_receiver<dc::inproc::communicator> receive(c, route, 0, out);
+  const std::vector<std::uint32_t> failed{1};
+  try {
+    receive.fail_over(failed);
+    FAIL("failed over without failover");
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::source_failed);
+    CHECK(contains(e.what(), "no failover"));
+  }
+}
