@@ -151,16 +151,10 @@ class partition_sender {
   }
   partition_sender(const partition_sender&) = delete;
   partition_sender& operator=(const partition_sender&) = delete;
-  /// Pending sends are withdrawn (cancel()); direct and gathered sends read the own
-  /// tensors: keep those alive until done() where a clone rank may have withdrawn.
-  ~partition_sender() {
-    bool finished = false;
-    try {
-      finished = done();
-    } catch (...) {  // a failed send: withdraw the rest
-    }
-    if (!finished) cancel();
-  }
+  /// Pending sends are withdrawn (cancel(): a no-op for those that completed); direct and
+  /// gathered sends read the own tensors: keep those alive until done() where a clone rank
+  /// may have withdrawn.
+  ~partition_sender() { cancel(); }
 
   /// Sends every group of layer `l` this source serves (then, with failover, the groups of
   /// layer `l` it stands in for). Every run is bounds-checked against the own tensors
@@ -168,7 +162,7 @@ class partition_sender {
   void send_layer(std::uint32_t l) {
     for (auto gi : route_.groups.sent_by_source(source_)) {
       const auto& g = route_.groups.groups()[gi];
-      if (g.layer == l) send_group(g);
+      if (g.layer == l && !(failover_ && failover_->gone(g.clone))) send_group(g);
     }
     sent_.at(l) = 1;
     progress();
@@ -178,7 +172,7 @@ class partition_sender {
   /// sent: a notice it cannot serve is dropped and counted (refused_notices()).
   void progress() {
     if (!failover_) return;
-    failover_->poll(released_);
+    for (auto c : failover_->poll(released_)) withdraw_sends([c](std::uint32_t to) { return to == c; });
     for (std::uint32_t l = 0; l < sent_.size(); ++l)
       if (sent_[l])
         for (const auto& g : failover_->take_ready(l)) send_group(g);
@@ -220,24 +214,8 @@ class partition_sender {
   /// the packed buffers of the sends still pending outlive the sender
   /// (detail::retained_buffers); none is reused.
   void cancel() noexcept {
-    for (auto& b : lent_) b.pending = !completed(requests_[b.layer][b.request].request);
-    for (auto& layer : requests_)
-      for (auto& r : layer) {
-        try {
-          comm_.cancel(r.request);
-        } catch (...) {
-        }
-      }
+    withdraw_sends([](std::uint32_t) { return true; });
     if (failover_) failover_->cancel();
-    if constexpr (!detail::withdraws_sends<Comm>)
-      for (auto& b : lent_) {
-        if (!b.pending) continue;
-        try {
-          detail::retained_buffers::get().keep(std::move(b.bytes));
-        } catch (...) {  // out of memory: leak the buffer rather than free it under a send
-          (void)new (std::nothrow) std::vector<std::byte>(std::move(b.bytes));
-        }
-      }
     lent_.clear();
   }
 
@@ -252,8 +230,33 @@ class partition_sender {
       idle.idle(until);
     }
   }
+  /// Withdraws the pending sends to the clone ranks `to(c)` accepts. Where the transport cannot
+  /// withdraw sends, their packed buffers outlive the sender (detail::retained_buffers) and
+  /// are not reused.
+  template <class To>
+  void withdraw_sends(To to) noexcept {
+    auto clone_of = [&](const lent& b) { return requests_[b.layer][b.request].clone; };
+    for (auto& b : lent_) b.pending = to(clone_of(b)) && !completed(requests_[b.layer][b.request].request);
+    for (auto& layer : requests_)
+      for (auto& r : layer) {
+        try {
+          if (to(r.clone)) comm_.cancel(r.request);
+        } catch (...) {
+        }
+      }
+    if constexpr (!detail::withdraws_sends<Comm>)
+      for (auto& b : lent_) {
+        if (!b.pending) continue;
+        try {
+          detail::retained_buffers::get().keep(std::move(b.bytes));
+        } catch (...) {  // out of memory: leak the buffer rather than free it under a send
+          (void)new (std::nothrow) std::vector<std::byte>(std::move(b.bytes));
+        }
+        b.bytes = {}, b.pending = false;
+      }
+  }
   /// Whether layer `l` may be overwritten (layer_sent, without taking notices first); a
-  /// send to a clone rank that named this source failed no longer counts.
+  /// send to a clone rank that named this source failed was withdrawn and no longer counts.
   bool layer_complete(std::uint32_t l) {
     for (auto& r : requests_[l])
       if (!comm_.test(r.request) && !(failover_ && failover_->gone(r.clone))) return false;
@@ -351,7 +354,8 @@ class partition_sender {
   /// complete roughly in the order posted; one still pending holds back the ones behind it).
   void recycle() {
     while (!lent_.empty() && completed(requests_[lent_.front().layer][lent_.front().request].request)) {
-      if (lent_.front().packed && spare_.size() < max_spare_buffers) spare_.push_back(std::move(lent_.front().bytes));
+      if (lent_.front().packed && lent_.front().bytes.capacity() > 0 && spare_.size() < max_spare_buffers)
+        spare_.push_back(std::move(lent_.front().bytes));
       lent_.pop_front();
     }
   }
@@ -387,7 +391,7 @@ class partition_receiver {
       throw error(errc::invalid_argument, "partition_receiver: clone rank " + std::to_string(clone) + " of " +
                                               std::to_string(route_.ranks.clone_count()));
     if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base);
-    for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi]);
+    for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi], 0);
   }
   partition_receiver(const partition_receiver&) = delete;
   partition_receiver& operator=(const partition_receiver&) = delete;
@@ -400,6 +404,7 @@ class partition_receiver {
   bool progress() {
     bool all = true;
     for (auto& in : incoming_) all = (in.replaced || settle(in)) && all;
+    if (!corrupt_.empty()) ask_again_elsewhere();
     return all && (!failover_ || failover_->flushed());  // the sources wait for the acknowledgements
   }
   /// True once every group of layer `l` arrived and was verified.
@@ -410,7 +415,7 @@ class partition_receiver {
   /// errc::source_failed naming the bytes where no live source holds them (no replica
   /// exists), or where the route has no failover.
   void fail_over(std::span<const std::uint32_t> sources) {
-    const auto named = [&](std::uint32_t s) { return std::find(sources.begin(), sources.end(), s) != sources.end(); };
+    const auto named = [](const std::vector<std::uint32_t>& in, std::uint32_t s) { return std::find(in.begin(), in.end(), s) != in.end(); };
     if (!failover_)
       throw error(errc::source_failed, "partitioned transfer: source " + std::to_string(sources.empty() ? 0 : sources.front()) +
                                            " failed, and this transfer has no failover (partition_route::failover)");
@@ -418,22 +423,27 @@ class partition_receiver {
       if (s >= route_.ranks.source_count())
         throw error(errc::invalid_argument, "partition_receiver::fail_over: source " + std::to_string(s) + " of " +
                                                 std::to_string(route_.ranks.source_count()));
-    if (std::all_of(sources.begin(), sources.end(), [&](std::uint32_t s) { return failover_->failed(s); })) return;
+    std::vector<std::uint32_t> newly;  // a failed source's groups were all replaced when it failed
+    for (auto s : sources)
+      if (!failover_->failed(s) && !named(newly, s)) newly.push_back(s);
+    if (newly.empty()) return;
     std::vector<incoming*> lost;
-    std::vector<std::uint32_t> layers;
+    std::vector<detail::lost_group> lost_groups;
     for (auto& in : incoming_)
-      if (!in.verified && !in.replaced && (named(in.group->source) || failover_->failed(in.group->source))) {
+      if (!in.verified && !in.replaced && named(newly, in.group->source)) {
         lost.push_back(&in);
-        if (std::find(layers.begin(), layers.end(), in.group->layer) == layers.end()) layers.push_back(in.group->layer);
+        lost_groups.push_back({in.group->source, in.round, in.group->layer});
       }
-    std::sort(layers.begin(), layers.end());
-    const auto& more = replacements_.emplace_back(failover_->fail_over(sources, std::move(layers)));  // throws: nothing withdrawn
+    auto more = failover_->fail_over(newly, lost_groups);  // throws: nothing withdrawn
     for (auto* in : lost) {
       withdraw(*in);
       in->replaced = true;
       --unverified_[in->group->layer];
     }
-    for (auto gi : more.received_by_clone(clone_)) post_group(more.groups()[gi]);
+    for (auto& r : more) {
+      const auto& kept = replacements_.emplace_back(std::move(r.groups));
+      for (auto gi : kept.received_by_clone(clone_)) post_group(kept.groups()[gi], r.round);
+    }
   }
   /// Blocks until progress() is true; throws errc::timeout after `timeout`, naming the first
   /// group still missing. The receives are withdrawn on any error.
@@ -460,6 +470,7 @@ class partition_receiver {
   struct incoming {
     const partition_group* group = nullptr;  ///< in route.groups or a failover's replacements
     bool replaced = false;                   ///< withdrawn: its source failed, replacement groups carry its bytes
+    std::uint32_t round = 0;                 ///< the failover round that brought it (0: the plan's)
     std::vector<typename Comm::request_type> data;
     std::vector<std::vector<std::byte>> packed;  // per message; empty for a direct one
     std::vector<std::byte> sums;
@@ -472,11 +483,13 @@ class partition_receiver {
     }
   };
 
-  void post_group(const partition_group& g) {
+  /// Posts every receive of group `g` (of ledger round `round`: 0 for the plan's groups).
+  void post_group(const partition_group& g, std::uint32_t round) {
     const int data = detail::partition_tag(comm_, route_.tag_base, route_.global.layer_count(), g.layer, false);
     const int from = route_.ranks.sources.at(g.source);
     auto& in = incoming_.emplace_back();
     in.group = &g;
+    in.round = round;
     ++unverified_.at(g.layer);
     quiet_since_.at(g.source) = detail::clock::now();  // asked for more: silence counts from now
     for (const auto& m : g.messages) {
@@ -501,8 +514,19 @@ class partition_receiver {
     bool arrived = sums_bytes.has_value();
     for (auto& r : in.data) arrived = comm_.test(r).has_value() && arrived;
     if (!arrived) return false;
+    if (!failover_) return accept(in, *sums_bytes);
+    try {
+      return accept(in, *sums_bytes);
+    } catch (const error& e) {  // with failover, the group comes again from another holder (progress)
+      if (e.kind() != errc::corrupt_message) throw;
+      corrupt_.push_back({in.group->source, e.details()});
+      return false;
+    }
+  }
+  /// Verifies group `in`, whose messages and `sums_bytes` of sums arrived, then unpacks it.
+  bool accept(incoming& in, std::size_t sums_bytes) {
     const auto& g = *in.group;
-    const auto sums = detail::partition_sums::decode_for(std::span<const std::byte>(in.sums).first(*sums_bytes), g);
+    const auto sums = detail::partition_sums::decode_for(std::span<const std::byte>(in.sums).first(sums_bytes), g);
     for (std::size_t i = 0, k = 0; i < g.messages.size(); k += g.messages[i].sum_count(), ++i)
       verify(g, i, in.packed[i], std::span<const std::uint64_t>(sums.sums).subspan(k, g.messages[i].sum_count()));
     for (std::size_t i = 0; i < g.messages.size(); ++i)
@@ -510,6 +534,21 @@ class partition_receiver {
     in.verified = true;
     delivered(g);
     return true;
+  }
+  /// Groups that failed verification (with failover): their sources are presumed faulty for
+  /// this rank and the groups asked from the other holders; with none, the checksum error
+  /// stands, saying so.
+  void ask_again_elsewhere() {
+    const auto found = std::move(corrupt_);
+    corrupt_.clear();
+    std::vector<std::uint32_t> sources;
+    for (const auto& c : found) sources.push_back(c.source);
+    try {
+      fail_over(sources);
+    } catch (const error& e) {
+      if (e.kind() != errc::source_failed) throw;
+      throw error(errc::corrupt_message, found.front().what + "; no other source can send it again: " + e.details());
+    }
   }
   /// Group `g` verified: notes its source alive, and acknowledges its layer once complete.
   void delivered(const partition_group& g) {
@@ -577,6 +616,11 @@ class partition_receiver {
   std::vector<std::uint32_t> unverified_;                    // per layer: groups not verified nor replaced
   std::vector<detail::clock::time_point> quiet_since_;       // per source: its last group verified or posted
   bool any_delivered_ = false;
+  struct corrupt_group {
+    std::uint32_t source = 0;
+    std::string what;
+  };
+  std::vector<corrupt_group> corrupt_;  // found by this progress(), asked elsewhere at its end
   std::deque<partition_groups> replacements_;                // failovers' groups (a deque: incoming_ points into them)
   std::optional<detail::clone_failover<Comm>> failover_;
 };

@@ -8,11 +8,13 @@
 // clone rank sends that a source cannot serve are dropped and counted, never thrown.
 #include <doctest/doctest.h>
 
+#include <deepclone/fault_injection.hpp>
 #include <deepclone/inproc.hpp>
 #include <deepclone/partition_transfer.hpp>
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +29,7 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr int tag_base = 40;
+using comm_t = dc::faulty<dc::inproc::communicator>;  // faults only where a test adds a rule
 
 /// How a source behaves: sends every layer and trains on, never starts, or sends its last
 /// layer and then dies (its sender destroyed, as a crash withdraws its sends).
@@ -39,10 +42,10 @@ struct outcome {
 
 /// A live source: sends its layers last-first, then updates each (writes 0x00 over its part
 /// of the layer) as soon as it is reported sent, then waits until done.
-void run_source(dc::inproc::communicator& c, const dc::partition_route& route, std::uint32_t i, std::vector<std::vector<std::byte>>& own,
+void run_source(comm_t& c, const dc::partition_route& route, std::uint32_t i, std::vector<std::vector<std::byte>>& own,
                 source_fate fate, std::chrono::nanoseconds timeout) {
   const auto in = spans<const std::byte>(own);
-  dc::partition_sender<dc::inproc::communicator> send(c, route, i, in);
+  dc::partition_sender<comm_t> send(c, route, i, in);
   const auto layers = static_cast<std::uint32_t>(route.global.layer_count());
   for (auto l = layers; l-- > 0;) {
     send.send_layer(l);
@@ -57,7 +60,8 @@ void run_source(dc::inproc::communicator& c, const dc::partition_route& route, s
   CHECK(send.refused_notices() == 0);
 }
 
-outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chrono::nanoseconds presume, std::chrono::nanoseconds timeout = 20s) {
+outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chrono::nanoseconds presume, std::chrono::nanoseconds timeout = 20s,
+            std::vector<dc::fault::rule> faults = {}) {
   const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
   const auto roles = dc::roles::contiguous(n, m);
   const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
@@ -66,8 +70,10 @@ outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chron
   const dc::partition_failover failover{s.src, plan, opt, 256, presume};
   const dc::partition_route route{roles, s.lay, groups, tag_base, &failover};
   dc::inproc::world w(static_cast<int>(n + m));
-  std::vector<dc::inproc::communicator> comms;
-  for (std::uint32_t r = 0; r < n + m; ++r) comms.push_back(w.comm(static_cast<int>(r)));
+  auto rules = std::make_shared<dc::fault::plan>();
+  for (auto& f : faults) rules->add(f);
+  std::vector<std::unique_ptr<comm_t>> comms;
+  for (std::uint32_t r = 0; r < n + m; ++r) comms.push_back(std::make_unique<comm_t>(w.comm(static_cast<int>(r)), rules));
   std::vector<std::vector<std::vector<std::byte>>> src;
   outcome out;
   for (const auto& h : s.src) src.push_back(own_tensors(s.lay, h, true));
@@ -79,7 +85,7 @@ outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chron
     if (fates[i] != source_fate::silent)
       threads.emplace_back([&, i] {
         try {
-          run_source(comms[i], route, i, src[i], fates[i], timeout);
+          run_source(*comms[i], route, i, src[i], fates[i], timeout);
         } catch (...) {
           out.source_errors[i] = std::current_exception();
         }
@@ -88,7 +94,7 @@ outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chron
     threads.emplace_back([&, c] {
       try {
         const auto own = spans<std::byte>(out.dst[c]);
-        dc::partition_receiver<dc::inproc::communicator> receive(comms[n + c], route, c, own);
+        dc::partition_receiver<comm_t> receive(*comms[n + c], route, c, own);
         receive.wait(timeout);
       } catch (...) {
         out.clone_errors[c] = std::current_exception();
@@ -130,21 +136,21 @@ TEST_CASE("partition failover: TP2xDP2, a tensor-parallel rank silent from the s
     CAPTURE(dead);
     std::vector fates(4, source_fate::live);
     fates[dead] = source_fate::silent;
-    check_all_exact(tp2_dp2(), run(tp2_dp2(), fates, 200ms));
+    check_all_exact(tp2_dp2(), run(tp2_dp2(), fates, 500ms));
   }
 }
 
 TEST_CASE("partition failover: a source dies after its first layer; the rest of its groups come from its replica") {
   std::vector fates(4, source_fate::live);
   fates[2] = source_fate::dies_after_one_layer;
-  check_all_exact(tp2_dp2(), run(tp2_dp2(), fates, 200ms));
-  check_all_exact(pipeline_2x2(false), run(pipeline_2x2(false), fates, 200ms));
+  check_all_exact(tp2_dp2(), run(tp2_dp2(), fates, 500ms));
+  check_all_exact(pipeline_2x2(false), run(pipeline_2x2(false), fates, 500ms));
 }
 
 TEST_CASE("partition failover: ZeRO-1 with a source lost: its optimizer-slot partition has no replica, and the error says so") {
   std::vector fates(4, source_fate::live);
   fates[1] = source_fate::silent;
-  const auto o = run(zero1(), fates, 200ms, 3s);
+  const auto o = run(zero1(), fates, 500ms, 3s);
   for (std::size_t c = 0; c < 2; ++c) {
     REQUIRE(o.clone_errors[c]);
     try {
@@ -156,6 +162,24 @@ TEST_CASE("partition failover: ZeRO-1 with a source lost: its optimizer-slot par
       CHECK(contains(e.what(), "source 1"));
     }
   }
+}
+
+TEST_CASE("partition failover: a group that fails its checksum comes again from another holder; with none, the error says so") {
+  // fc1's first data message from source 0 (rank 0) to clone rank 0 (rank 4), corrupted once.
+  const dc::fault::rule corrupt{.action = dc::fault::kind::corrupt, .from = 0, .to = 4, .tag_lo = tag_base};
+  const std::vector fates(4, source_fate::live);
+  check_all_exact(tp2_dp2(), run(tp2_dp2(), fates, 5s, 20s, {corrupt}));
+  const auto o = run(zero1(), fates, 5s, 3s, {corrupt});  // source 0's fc1 group carries its slot partition
+  REQUIRE(o.clone_errors[0]);
+  try {
+    std::rethrow_exception(o.clone_errors[0]);
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::corrupt_message);
+    CHECK(contains(e.what(), "failed its checksum"));
+    CHECK(contains(e.what(), "no replica exists"));
+    CHECK(std::string(e.what()).rfind("deepclone:") == 0);  // one prefix, not two
+  }
+  CHECK_FALSE(o.clone_errors[1]);
 }
 
 TEST_CASE("partition failover: randomised holdings with a silent source: byte-exact, or refused where no replica exists") {
@@ -171,7 +195,7 @@ TEST_CASE("partition failover: randomised holdings with a silent source: byte-ex
     std::vector fates(n, source_fate::live);
     fates[dead] = source_fate::silent;
     const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
-    const auto o = run(s, fates, 300ms, 4s);
+    const auto o = run(s, fates, 600ms, 4s);
     for (std::uint32_t c = 0; c < s.dst.size(); ++c) {
       CAPTURE(c);
       const auto mine = plan.only([&](const dc::region_transfer& x) { return x.clone == c; });
@@ -213,23 +237,24 @@ TEST_CASE("partition failover: notices a source cannot serve are dropped and cou
   const auto groups = dc::make_partition_groups(plan, 2, 1);
   const dc::partition_failover failover{s.src, plan};
   const dc::partition_route route{roles, s.lay, groups, tag_base, &failover};
-  const int notice = tag_base + 2 * static_cast<int>(s.lay.layer_count());
+  const int notice_tag = tag_base + 2 * static_cast<int>(s.lay.layer_count());
   dc::inproc::world w(3);
   auto c0 = w.comm(0), c1 = w.comm(1), c2 = w.comm(2);
   auto src0 = own_tensors(s.lay, s.src[0], true), src1 = own_tensors(s.lay, s.src[1], true), dst = own_tensors(s.lay, s.dst[0], false);
   const auto in0 = spans<const std::byte>(src0), in1 = spans<const std::byte>(src1);
   dc::partition_sender<dc::inproc::communicator> send0(c0, route, 0, in0), send1(c1, route, 1, in1);
   const std::vector<std::byte> garbage(40, std::byte{0x7F});
-  dc::detail::partition_notice other{dc::detail::partition_notice::kind::layer_verified, 5, {0}, {}};  // names another clone rank
-  const auto other_bytes = other.encode();
+  using notice = dc::detail::partition_notice;
+  const notice other{notice::kind::layer_verified, 5, 0, 0, {0}, {}};  // names another clone rank
+  const auto other_bytes = other.encode(s.lay.layer_count());
   auto send_notice = [&](std::span<const std::byte> b) {
-    auto r = c2.isend(0, notice, b);
+    auto r = c2.isend(0, notice_tag, b);
     (void)c2.wait(r);
   };
-  const dc::detail::partition_notice nobody{dc::detail::partition_notice::kind::failover, 0, {}, {0, 0}};  // names no failed source
+  const notice nobody{notice::kind::failover, 0, 1, 0, {0}, {0, 0}};  // source 1's transfers, but no source failed
   send_notice(garbage);
   send_notice(other_bytes);
-  send_notice(nobody.encode());
+  send_notice(nobody.encode(s.lay.layer_count()));
   {
     const auto out = spans<std::byte>(dst);
     dc::partition_receiver<dc::inproc::communicator> receive(c2, route, 0, out);
@@ -240,9 +265,9 @@ TEST_CASE("partition failover: notices a source cannot serve are dropped and cou
   send0.wait(10s);
   send1.wait(10s);
   CHECK(send0.refused_notices() == 3);
-  CHECK(contains(send0.last_refusal(), "naming no newly failed source"));
-  const dc::detail::partition_notice late{dc::detail::partition_notice::kind::failover, 0, {1}, {0, 1}};  // source 1 "failed"
-  send_notice(late.encode());
+  CHECK(contains(send0.last_refusal(), "a source it does not name failed"));
+  const notice late{notice::kind::failover, 0, 1, 0, {1}, {0, 1}};  // source 1 "failed": its fc2 asked of source 0
+  send_notice(late.encode(s.lay.layer_count()));
   for (int i = 0; i < 1000 && send0.refused_notices() < 4; ++i) send0.progress(), std::this_thread::sleep_for(1ms);
   CHECK(send0.refused_notices() == 4);
   CHECK(contains(send0.last_refusal(), "already released"));
@@ -268,4 +293,87 @@ TEST_CASE("partition failover: without route.failover, fail_over is refused with
     CHECK(e.kind() == dc::errc::source_failed);
     CHECK(contains(e.what(), "no failover"));
   }
+}
+
+TEST_CASE("partition failover: a second failure asks again only what the newly failed source still owed") {
+  // X is held by sources 0 and 1 only. Its sender's group arrives; that sender fails, then
+  // the other holder of X: only X's verified bytes would need it, so nothing is refused.
+  scenario s{{}, {}, {}};
+  s.lay.add_layer({"a", {tensor("X", {16}), tensor("Y", {256})}});
+  s.lay.add_layer({"b", {tensor("Z", {256})}});
+  using parts = std::vector<dc::part>;
+  const parts all{dc::part::whole()}, none{};
+  s.src.assign(3, dc::holdings(3));
+  s.src[0].of_tensor = {all, all, all};
+  s.src[1].of_tensor = {all, all, none};
+  s.src[2].of_tensor = {none, all, all};
+  s.dst = {dc::holdings::replicated(s.lay)};
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
+  std::uint32_t x_sender = 0;
+  for (const auto& x : plan.transfers())
+    if (x.tensor == 0) x_sender = x.source;
+  const std::uint32_t other = 1 - x_sender;
+  const auto roles = dc::roles::contiguous(3, 1);
+  const auto groups = dc::make_partition_groups(plan, 3, 1);
+  const dc::partition_failover failover{s.src, plan, {}, 256, 1h};
+  const dc::partition_route route{roles, s.lay, groups, tag_base, &failover};
+  dc::inproc::world w(4);
+  std::vector<dc::inproc::communicator> comms{w.comm(0), w.comm(1), w.comm(2), w.comm(3)};
+  std::vector<std::vector<std::vector<std::byte>>> src;
+  for (const auto& h : s.src) src.push_back(own_tensors(s.lay, h, true));
+  auto dst = own_tensors(s.lay, s.dst[0], false);
+  std::vector<std::vector<std::span<const std::byte>>> in;
+  for (auto& t : src) in.push_back(spans<const std::byte>(t));
+  const auto out = spans<std::byte>(dst);
+  std::vector<std::unique_ptr<dc::partition_sender<dc::inproc::communicator>>> send;
+  for (std::uint32_t i = 0; i < 3; ++i) send.push_back(std::make_unique<dc::partition_sender<dc::inproc::communicator>>(comms[i], route, i, in[i]));
+  dc::partition_receiver<dc::inproc::communicator> receive(comms[3], route, 0, out);
+  send[x_sender]->send_layer(0);
+  send[2]->send_layer(0);
+  for (int i = 0; i < 1000 && !receive.layer_done(0); ++i) receive.progress(), send[2]->progress();
+  const std::vector<std::uint32_t> first{x_sender}, second{other};
+  receive.fail_over(first);
+  CHECK_NOTHROW(receive.fail_over(second));
+  send[2]->send_layer(1);
+  bool done = false;
+  for (int i = 0; i < 10000 && !done; ++i) send[2]->progress(), done = receive.progress();
+  CHECK(done);
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, 0, dst, t), "tensor " << t);
+}
+
+TEST_CASE("partition failover: a source named failed withdraws its sends to that clone rank before it reports them done") {
+  scenario s{{}, {}, {}};
+  s.lay.add_layer({"a", {tensor("A", {2048}), tensor("B", {2048})}});
+  s.src = {dc::holdings::replicated(s.lay), dc::holdings::replicated(s.lay)};
+  s.dst = {dc::holdings::replicated(s.lay)};
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
+  const dc::partition_group_options packed{1 << 20, 1 << 20, 0};  // every run packed: buffers the sender owns
+  const auto groups = dc::make_partition_groups(plan, 2, 1, packed);
+  const auto roles = dc::roles::contiguous(2, 1);
+  const dc::partition_failover failover{s.src, plan, packed, 256, 1h};
+  const dc::partition_route route{roles, s.lay, groups, tag_base, &failover};
+  dc::inproc::world w(3);
+  auto c0 = w.comm(0), c1 = w.comm(1), c2 = w.comm(2);
+  auto a = own_tensors(s.lay, s.src[0], true), b = own_tensors(s.lay, s.src[1], true), d = own_tensors(s.lay, s.dst[0], false);
+  const auto ia = spans<const std::byte>(a), ib = spans<const std::byte>(b);
+  const auto od = spans<std::byte>(d);
+  dc::partition_sender<dc::inproc::communicator> s1(c1, route, 1, ib);
+  {
+    dc::partition_sender<dc::inproc::communicator> s0(c0, route, 0, ia);
+    dc::partition_receiver<dc::inproc::communicator> r(c2, route, 0, od);
+    s0.send_layer(0);
+    const std::vector<std::uint32_t> failed{0};
+    r.fail_over(failed);  // before it took source 0's packed message (8 KiB: rendezvous)
+    s1.send_layer(0);
+    bool done = false;
+    for (int i = 0; i < 10000 && !done; ++i) s1.progress(), done = r.progress();
+    CHECK(done);
+    for (int i = 0; i < 10000 && !s0.done(); ++i) std::this_thread::yield();
+    CHECK(s0.done());
+  }
+  std::vector<std::byte> sink(8192);
+  auto late = c2.irecv(0, tag_base, sink);  // a later transfer on the same tags finds nothing of source 0's
+  CHECK_FALSE(c2.test(late));
+  c2.cancel(late);
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, d, t));
 }

@@ -2,24 +2,27 @@
 /// \file detail/partition_failover.hpp
 /// Failover of a partitioned transfer (issue 12, item 4), templated on the communicator only.
 ///
-/// A clone rank that presumes sources failed sends every source one `partition_notice`: the
-/// sources failed so far and the layers whose groups from them it still misses. Every rank
-/// (that clone rank and each source) keeps a `failover_ledger` per clone rank: the plan's
-/// transfers to it as the failovers so far changed them. A notice is applied alike on all of
-/// them: the transfers of failed sources in those layers are replaced by transfers from live
-/// holders of the same bytes (`make_failover_plan`), grouped as the plan's groups are. A
-/// source receives one clone rank's notices in the order sent (one tag), so all ranks apply
-/// the same rounds. A replacement group travels on its layer's tags after the source's own
-/// groups of that layer (a source serves it only once it sent that layer), so the clone
-/// rank's receives, posted after the original ones, match in order.
+/// A clone rank that presumes sources failed withdraws their unverified groups and sends
+/// every source one `partition_notice` per lost (source, round): the sources failed so far,
+/// that source and round, and the lost layers. Every rank (that clone rank and each source)
+/// keeps a `failover_ledger` per clone rank: the transfers to it by round (0: the plan's, r:
+/// the replacements the r-th notice brought). A notice is applied alike on all of them: the
+/// transfers it names, and only those, are replaced by transfers from live holders of the same
+/// bytes (`make_failover_plan`), grouped as the plan's groups are. A source receives one clone
+/// rank's notices in the order sent (one tag), so all ranks apply the same rounds. A
+/// replacement group travels on its layer's tags after the source's own groups of that layer
+/// (a source serves it only once it sent that layer), so the clone rank's receives, posted
+/// after the original ones, match in order.
 ///
 /// A source must still hold iteration k's bytes when asked to stand in for a failed holder,
 /// so each clone rank acknowledges every layer it verified, and with failover a source's
 /// layer counts as sent (may be overwritten) only once every clone rank that wants the layer
 /// acknowledged it, or named this source failed. Nothing a clone rank sends makes a source
-/// throw: an undecodable notice, one naming another clone rank, layers out of range or a
-/// request for a layer already released is dropped and counted (`refused`).
+/// throw: an undecodable notice, one naming another clone rank, a request for a layer already
+/// released, one reviving a failed source or naming no transfer of a failed source is dropped
+/// and counted (`refused`).
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -53,28 +56,33 @@ struct partition_failover {
 
 namespace detail {
 
-/// A clone rank's word to the sources: "layer verified" (an acknowledgement) or "these
-/// sources failed; send me their groups of these layers".
+/// A clone rank's word to the sources: "layer verified" (an acknowledgement), or "these
+/// sources failed; send me what `source` was to send me in `round`, of these layers".
 struct partition_notice {
-  static constexpr std::uint32_t magic = 0x504E5431;  // "PNT1"
+  static constexpr std::uint32_t magic = 0x504E5432;  // "PNT2"
   enum class kind : std::uint32_t { layer_verified = 1, failover = 2 };
   kind what = kind::layer_verified;
   std::uint32_t clone = 0;
-  std::vector<std::uint32_t> layers;  ///< verified: the one layer; failover: the layers still missing
-  std::vector<char> failed;           ///< failover: 1 per failed source index
+  std::uint32_t source = 0, round = 0;  ///< failover: whose transfers of which ledger round are lost
+  std::vector<std::uint32_t> layers;    ///< verified: the one layer; failover: the layers lost
+  std::vector<char> failed;             ///< failover: 1 per source failed so far
 
-  static std::size_t max_size(std::size_t sources, std::size_t layers) { return 5 * 4 + sources + 4 * layers + 8; }
-  std::vector<std::byte> encode() const {
+  /// Layers travel as a bitmap, so a notice stays small (eager) at any layer count.
+  static std::size_t max_size(std::size_t sources, std::size_t layers) { return 7 * 4 + sources + (layers + 7) / 8 + 8; }
+  std::vector<std::byte> encode(std::size_t layer_count) const {
     writer w;
-    w.u32(magic), w.u32(static_cast<std::uint32_t>(what)), w.u32(clone), w.u32(static_cast<std::uint32_t>(failed.size()));
+    w.u32(magic), w.u32(static_cast<std::uint32_t>(what)), w.u32(clone), w.u32(source), w.u32(round);
+    w.u32(static_cast<std::uint32_t>(failed.size()));
     for (char f : failed) w.u8(f ? 1 : 0);
-    w.u32(static_cast<std::uint32_t>(layers.size()));
-    for (auto l : layers) w.u32(l);
+    std::vector<std::uint8_t> bits((layer_count + 7) / 8, 0);
+    for (auto l : layers) bits.at(l / 8) |= static_cast<std::uint8_t>(1u << (l % 8));
+    w.u32(static_cast<std::uint32_t>(bits.size()));
+    for (auto b : bits) w.u8(b);
     return seal(w);
   }
   /// Refuses (errc::corrupt_message) a broken seal, another clone rank, a failure list not
-  /// of `sources` entries, layers out of range or repeated, an acknowledgement of other
-  /// than one layer.
+  /// of `sources` entries, a source out of range, a layer bitmap not of `layer_count` bits,
+  /// an acknowledgement of other than one layer.
   static partition_notice decode(std::span<const std::byte> b, std::uint32_t clone, std::size_t sources, std::size_t layer_count) {
     reader r(unseal(b, "partition notice"), "partition notice");
     if (r.u32() != magic) r.fail("bad magic word");
@@ -83,43 +91,63 @@ struct partition_notice {
     if (what != 1 && what != 2) r.fail("unknown kind " + std::to_string(what));
     n.what = static_cast<kind>(what);
     if ((n.clone = r.u32()) != clone) r.fail("names clone rank " + std::to_string(n.clone) + ", sent by " + std::to_string(clone));
+    if ((n.source = r.u32()) >= sources) r.fail("source " + std::to_string(n.source) + " of " + std::to_string(sources));
+    n.round = r.u32();
     const auto failed = r.u32();
     if (failed != (n.what == kind::failover ? sources : 0)) r.fail("a failure list of " + std::to_string(failed) + " sources");
     for (std::uint32_t s = 0; s < failed; ++s) n.failed.push_back(r.u8() != 0);
-    const auto count = r.u32();
-    if (count > layer_count || (n.what == kind::layer_verified && count != 1)) r.fail(std::to_string(count) + " layers");
-    std::vector<char> seen(layer_count, 0);
-    for (std::uint32_t i = 0; i < count; ++i) {
-      const auto l = r.u32();
-      if (l >= layer_count || seen[l]++) r.fail("layer " + std::to_string(l) + " out of range or repeated");
-      n.layers.push_back(l);
-    }
+    if (r.u32() != (layer_count + 7) / 8) r.fail("a layer bitmap of another size");
+    for (std::uint32_t i = 0; i < (layer_count + 7) / 8; ++i)
+      for (std::uint32_t bits = r.u8(), k = 0; bits; bits >>= 1, ++k)
+        if (bits & 1u) {
+          if (8 * i + k >= layer_count) r.fail("layer " + std::to_string(8 * i + k) + " of " + std::to_string(layer_count));
+          n.layers.push_back(8 * i + k);
+        }
+    if (n.what == kind::layer_verified && n.layers.size() != 1) r.fail(std::to_string(n.layers.size()) + " layers acknowledged at once");
     r.expect_end();
     return n;
   }
 };
 
-/// The plan's transfers to one clone rank as the failovers so far changed them. Every rank
-/// applies that clone rank's notices in the same order, so all hold the same ledger.
+/// The plan's transfers to one clone rank as the failovers so far changed them, by *round*:
+/// round 0 is the plan's, round r the replacements the r-th notice brought. Every rank
+/// applies that clone rank's notices in the same order, so all hold the same ledger, and a
+/// notice names exactly the transfers lost: those of one failed source from one round, in
+/// the layers whose groups had not verified (never bytes already verified).
 class failover_ledger {
  public:
-  failover_ledger(const partition_plan& plan, std::uint32_t clone) : transfers_(plan.only([&](auto& x) { return x.clone == clone; })) {}
-  /// Replaces the transfers of `n.failed` sources in `n.layers` by transfers from live
-  /// holders; returns them grouped. Throws errc::source_failed, naming the bytes, where no
-  /// live source holds them (the ledger is then unchanged).
+  failover_ledger(const partition_plan& plan, std::uint32_t clone) { rounds_.push_back(plan.only([&](auto& x) { return x.clone == clone; })); }
+  /// The round the next notice's replacements will be.
+  std::uint32_t next_round() const noexcept { return static_cast<std::uint32_t>(rounds_.size()); }
+  /// Replaces the transfers `n` names by transfers from live holders (each range split evenly
+  /// over them); returns them grouped, as round next_round(). Throws errc::source_failed,
+  /// naming the bytes, where no live source holds them, and errc::invalid_argument for a
+  /// notice that names no transfer (the ledger is then unchanged).
   partition_groups apply(const layout& global, const partition_failover& f, const partition_notice& n, std::uint32_t clones) {
+    if (n.round >= rounds_.size() || !n.failed[n.source])
+      throw error(errc::invalid_argument, "a failover notice for round " + std::to_string(n.round) + " of " + std::to_string(rounds_.size()) +
+                                              " or a source it does not name failed");
     std::vector<char> in_layers(global.layer_count(), 0);
     for (auto l : n.layers) in_layers[l] = 1;
-    auto replaced = [&](const region_transfer& x) { return n.failed[x.source] && in_layers[x.layer]; };
-    const auto failed = std::vector<bool>(n.failed.begin(), n.failed.end());
-    const auto replacement = make_failover_plan(global, f.sources, transfers_.only(replaced), failed, f.alignment);
-    transfers_ = transfers_.only([&](auto& x) { return !replaced(x); }).joined(replacement);
-    return make_partition_groups(replacement, static_cast<std::uint32_t>(f.sources.size()), clones, f.options);
+    auto lost = [&](const region_transfer& x) { return x.source == n.source && in_layers[x.layer]; };
+    const auto replaced = rounds_[n.round].only(lost);
+    if (replaced.transfers().empty()) throw error(errc::invalid_argument, "a failover notice that names no transfer");
+    auto replacement = make_failover_plan(global, f.sources, replaced, std::vector<bool>(n.failed.begin(), n.failed.end()), f.alignment);
+    rounds_[n.round] = rounds_[n.round].only([&](auto& x) { return !lost(x); });
+    rounds_.push_back(std::move(replacement));
+    return make_partition_groups(rounds_.back(), static_cast<std::uint32_t>(f.sources.size()), clones, f.options);
   }
 
  private:
-  partition_plan transfers_;
+  std::vector<partition_plan> rounds_;
 };
+
+/// Refuses (errc::invalid_argument) failover holdings for another number of sources than the route's.
+inline void check_sources(const partition_failover& f, const roles& ranks) {
+  if (f.sources.size() != ranks.source_count())
+    throw error(errc::invalid_argument, "partition_failover: holdings of " + std::to_string(f.sources.size()) + " sources, the route has " +
+                                            std::to_string(ranks.source_count()));
+}
 
 /// The tag of the clone ranks' notices: after the layers' data and sums tags. Throws
 /// errc::unsupported when it lies beyond the communicator's bound.
@@ -141,6 +169,7 @@ class source_failover {
   source_failover(Comm& c, const layout& global, const partition_failover& f, const partition_groups& groups, const roles& ranks,
                   std::uint32_t source, int tag_base)
       : comm_(c), global_(global), failover_(f), source_(source), clone_ranks_(ranks.clones) {
+    check_sources(f, ranks);
     const auto layers = global.layer_count();
     const int tag = notice_tag(c, tag_base, layers);
     wanted_.assign(layers, std::vector<char>(clone_ranks_.size(), 0));
@@ -157,14 +186,22 @@ class source_failover {
   source_failover& operator=(const source_failover&) = delete;
   ~source_failover() { cancel(); }
 
-  /// Takes the notices that arrived. `released[l]`: layer l was reported sent (the trainer may
-  /// have overwritten it), so no replacement of it can be served any more.
-  void poll(const std::vector<char>& released) {
+  /// Takes the notices that arrived (a bounded number per clone rank and call, so a clone
+  /// rank that floods cannot hold the trainer). `released[l]`: layer l was reported sent (the
+  /// trainer may have overwritten it), so no replacement of it can be served any more.
+  /// Returns the clone ranks that named this source failed in this call.
+  std::vector<std::uint32_t> poll(const std::vector<char>& released) {
+    std::vector<std::uint32_t> newly_gone;
     for (std::uint32_t c = 0; c < inbox_.size(); ++c)
-      while (auto b = inbox_[c].test(comm_)) {
+      for (int taken = 0; taken < max_notices_per_poll; ++taken) {
+        auto b = inbox_[c].test(comm_);
+        if (!b) break;
+        const bool was_gone = gone_[c];
         take(c, *b, released);
+        if (gone_[c] && !was_gone) newly_gone.push_back(c);
         inbox_[c].repost(comm_);
       }
+    return newly_gone;
   }
   /// Replacement groups of layer `l` this source must send now (its own groups of `l` are sent).
   std::vector<partition_group> take_ready(std::uint32_t l) {
@@ -200,6 +237,9 @@ class source_failover {
       last_refusal_ = "clone rank " + std::to_string(c) + ": " + e.what();
     }
   }
+  /// Serves a failover notice of clone rank `c`. What bounds the work a clone rank can ask
+  /// for: failed sources stay failed, and each notice removes transfers of a failed source
+  /// from the ledger, adding transfers of live ones only.
   void serve(std::uint32_t c, const partition_notice& n, const std::vector<char>& released) {
     if (n.failed[source_]) {  // presumed failed by this clone rank: it expects nothing more from here
       gone_[c] = 1;
@@ -209,18 +249,13 @@ class source_failover {
     for (auto l : n.layers)
       if (released[l])
         throw error(errc::invalid_argument, "asks for layer '" + global_.layers()[l].name + "', which this source already released");
-    // Each round names a source more (at most N rounds): a clone rank repeating itself could
-    // otherwise make this source send without end.
-    bool more = false;
-    for (std::size_t s = 0; s < n.failed.size(); ++s) {
+    for (std::size_t s = 0; s < n.failed.size(); ++s)
       if (failed_[c][s] && !n.failed[s]) throw error(errc::invalid_argument, "a failover notice that revives source " + std::to_string(s));
-      more = more || (n.failed[s] && !failed_[c][s]);
-    }
-    if (!more) throw error(errc::invalid_argument, "a failover notice naming no newly failed source");
-    failed_[c] = n.failed;
     auto groups = ledgers_[c].apply(global_, failover_, n, static_cast<std::uint32_t>(clone_ranks_.size()));
+    failed_[c] = n.failed;
     for (auto gi : groups.sent_by_source(source_)) pending_.push_back(groups.groups()[gi]);
   }
+  static constexpr int max_notices_per_poll = 64;
 
   Comm& comm_;
   const layout& global_;
@@ -237,46 +272,89 @@ class source_failover {
   std::string last_refusal_;
 };
 
-/// A clone rank's side of failover: acknowledges verified layers, and turns a failed source
-/// into a notice to every source and the replacement groups it must receive.
+/// A group a clone rank lost: its source failed before it verified.
+struct lost_group {
+  std::uint32_t source = 0, round = 0, layer = 0;
+};
+
+/// A failover round's replacement groups, as the ledger round they belong to.
+struct replacement_groups {
+  std::uint32_t round = 0;
+  partition_groups groups;
+};
+
+/// A clone rank's side of failover: acknowledges verified layers, and turns lost groups into
+/// notices to the sources and the replacement groups it must receive.
 template <class Comm>
 class clone_failover {
  public:
   clone_failover(Comm& c, const layout& global, const partition_failover& f, const roles& ranks, std::uint32_t clone, int tag_base)
       : comm_(c), global_(global), failover_(f), clone_(clone), clones_(static_cast<std::uint32_t>(ranks.clone_count())),
         source_ranks_(ranks.sources), tag_(notice_tag(c, tag_base, global.layer_count())), ledger_(f.plan, clone) {
+    check_sources(f, ranks);
     failed_.assign(source_ranks_.size(), 0);
     acked_.assign(global.layer_count(), 0);
   }
   clone_failover(const clone_failover&) = delete;
   clone_failover& operator=(const clone_failover&) = delete;
-  ~clone_failover() { outbox_.cancel_all(comm_); }
+  ~clone_failover() {
+    outbox_.cancel_all(comm_);
+    farewells_.cancel_all(comm_);
+  }
 
   /// Tells every live source that layer `l` is verified here (once).
   void acknowledge(std::uint32_t l) {
     if (acked_[l]) return;
     acked_[l] = 1;
-    notify({partition_notice::kind::layer_verified, clone_, {l}, {}}, false);
+    notify({partition_notice::kind::layer_verified, clone_, 0, 0, {l}, {}});
   }
-  /// Marks `failed` sources failed and returns the groups that replace theirs in `layers`;
-  /// every source is told (the failed ones that they are presumed failed). Throws
-  /// errc::source_failed where no live source holds a byte this rank wants.
-  partition_groups fail_over(std::span<const std::uint32_t> failed, std::vector<std::uint32_t> layers) {
-    for (auto s : failed) failed_.at(s) = 1;
-    const partition_notice n{partition_notice::kind::failover, clone_, std::move(layers), failed_};
-    auto groups = ledger_.apply(global_, failover_, n, clones_);
-    notify(n, true);
-    return groups;
+  /// Marks `failed` sources failed and returns the groups that replace the `lost` ones (one
+  /// notice per lost (source, round), every source told; the failed ones learn they are
+  /// presumed failed). Throws errc::source_failed where no live source holds a byte this
+  /// rank wants; nothing changes then.
+  std::vector<replacement_groups> fail_over(std::span<const std::uint32_t> failed, std::span<const lost_group> lost) {
+    auto now_failed = failed_;
+    for (auto s : failed) now_failed.at(s) = 1;
+    auto ledger = ledger_;
+    std::vector<replacement_groups> out;
+    std::vector<partition_notice> notices;
+    for (const auto& n : notices_for(lost, now_failed)) {
+      const auto round = ledger.next_round();
+      out.push_back({round, ledger.apply(global_, failover_, n, clones_)});
+      notices.push_back(n);
+    }
+    ledger_ = std::move(ledger), failed_ = std::move(now_failed);
+    for (const auto& n : notices) notify(n);
+    for (auto s : failed)  // a failed source with nothing lost here still learns it is presumed failed
+      if (notices.empty()) farewells_.send_owned(comm_, source_ranks_[s], tag_, farewell(s).encode(global_.layer_count()));
+    return out;
   }
   bool failed(std::uint32_t s) const { return failed_.at(s) != 0; }
-  /// True once every notice's send completed (a source waits for the acknowledgements).
+  /// True once every notice to a live source was sent (those sources wait for the
+  /// acknowledgements; a failed one may never take its notices).
   bool flushed() { return outbox_.all_done(comm_); }
 
  private:
-  void notify(const partition_notice& n, bool to_failed_too) {
-    const auto bytes = n.encode();
-    for (std::uint32_t s = 0; s < source_ranks_.size(); ++s)
-      if (to_failed_too || !failed_[s]) outbox_.send_owned(comm_, source_ranks_[s], tag_, bytes);
+  /// One failover notice per lost (source, round), naming its layers, in a fixed order.
+  std::vector<partition_notice> notices_for(std::span<const lost_group> lost, const std::vector<char>& failed) const {
+    std::vector<partition_notice> out;
+    for (const auto& g : lost) {
+      auto same = [&](const partition_notice& n) { return n.source == g.source && n.round == g.round; };
+      auto it = std::find_if(out.begin(), out.end(), same);
+      if (it == out.end()) it = out.insert(out.end(), {partition_notice::kind::failover, clone_, g.source, g.round, {}, failed});
+      if (std::find(it->layers.begin(), it->layers.end(), g.layer) == it->layers.end()) it->layers.push_back(g.layer);
+    }
+    return out;
+  }
+  partition_notice farewell(std::uint32_t s) const { return {partition_notice::kind::failover, clone_, s, 0, {}, failed_}; }
+  /// Sends `n` to every source: live ones through the outbox `flushed()` waits for, failed
+  /// ones through another.
+  void notify(const partition_notice& n) {
+    const auto bytes = n.encode(global_.layer_count());
+    for (std::uint32_t s = 0; s < source_ranks_.size(); ++s) {
+      if (!failed_[s]) outbox_.send_owned(comm_, source_ranks_[s], tag_, bytes);
+      else if (n.what == partition_notice::kind::failover) farewells_.send_owned(comm_, source_ranks_[s], tag_, bytes);
+    }
   }
 
   Comm& comm_;
@@ -287,7 +365,7 @@ class clone_failover {
   int tag_;
   failover_ledger ledger_;
   std::vector<char> failed_, acked_;
-  outbox<Comm> outbox_;
+  outbox<Comm> outbox_, farewells_;
 };
 
 }  // namespace detail
