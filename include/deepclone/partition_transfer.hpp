@@ -22,10 +22,11 @@
 /// reported sent (`layer_sent(l)` / `wait_layer(l)`: a trainer may train on and wait only
 /// before it updates a layer still in flight), driven by `progress()` or `wait()`. With
 /// `partition_route::failover` a source failed (or silent) is replaced by the live holders of
-/// its bytes (detail/partition_failover.hpp), and a layer counts as sent only once every
-/// clone rank that wants it acknowledged it. The fork point is the trainer's to agree on,
-/// and a group that fails its checksum is an error (no refetch): the live engines do not use
-/// it yet. The tags must not overlap those of an engine, or of an earlier transfer whose
+/// its bytes, a group that fails its checksum comes again from another holder
+/// (detail/partition_failover.hpp), and a layer counts as sent only once every clone rank
+/// that wants it acknowledged it. Before any byte moves, each clone rank proves to every
+/// source that both planned the same transfer (detail/partition_handshake.hpp). The fork
+/// point is the trainer's to agree on: the live engines do not use this yet. The tags must not overlap those of an engine, or of an earlier transfer whose
 /// messages may still be unreceived (a silent source's notices), on the same communicator.
 /// Templated on the communicator and the checksum only.
 
@@ -45,6 +46,7 @@
 #include "detail/bytes.hpp"
 #include "detail/outbox.hpp"
 #include "detail/partition_failover.hpp"
+#include "detail/partition_handshake.hpp"
 #include "error.hpp"
 #include "holdings.hpp"
 #include "partition_groups.hpp"
@@ -109,22 +111,23 @@ inline std::string group_label(const layout& global, const partition_group& g) {
          std::to_string(g.clone);
 }
 
-/// The tags of layer `l`: data at tag_base + 2l, sums at tag_base + 2l + 1. Throws
-/// `errc::unsupported` when the layout's layers need tags beyond the communicator's bound.
+/// Throws `errc::unsupported` when a transfer of `layers` layers needs tags beyond the
+/// communicator's bound: 2 per layer (data, sums), then the control and refusal tags.
 template <class Comm>
-int partition_tag(const Comm& c, int tag_base, std::size_t layers, std::uint32_t l, bool sums) {
-  const long long last = static_cast<long long>(tag_base) + 2LL * static_cast<long long>(layers) - 1;
+void check_tags(const Comm& c, int tag_base, std::size_t layers) {
+  const long long last = static_cast<long long>(tag_base) + 2LL * static_cast<long long>(layers) + 1;
   if (tag_base < 0 || last > max_tag_of(c))
     throw error(errc::unsupported, "partitioned transfer: " + std::to_string(layers) + " layers need tags " + std::to_string(tag_base) +
                                        " to " + std::to_string(last) + "; the communicator allows 0 to " + std::to_string(max_tag_of(c)));
-  return tag_base + 2 * static_cast<int>(l) + (sums ? 1 : 0);
 }
+/// The tags of layer `l`: data at tag_base + 2l, sums at tag_base + 2l + 1 (check_tags first).
+inline int partition_tag(int tag_base, std::uint32_t l, bool sums) { return tag_base + 2 * static_cast<int>(l) + (sums ? 1 : 0); }
 
 }  // namespace detail
 
 /// Where a transfer runs: the communicator's roles, the global layout, the groups every
-/// rank computed alike, and the first of the 2 x layers tags it uses (one more with
-/// failover: the clone ranks' notices).
+/// rank computed alike, and the first of the 2 x layers + 2 tags it uses (per layer data and
+/// sums, then the clone ranks' hellos and notices, and the sources' refusals).
 struct partition_route {
   const roles& ranks;
   const layout& global;
@@ -147,7 +150,12 @@ class partition_sender {
     if (source >= route_.ranks.source_count())
       throw error(errc::invalid_argument, "partition_sender: source " + std::to_string(source) + " of " +
                                               std::to_string(route_.ranks.source_count()));
-    if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.groups, route_.ranks, source, route_.tag_base);
+    const auto layers = route_.global.layer_count();
+    detail::check_tags(comm_, route_.tag_base, layers);
+    if (route_.failover) failover_.emplace(route_.global, *route_.failover, route_.groups, route_.ranks, source);
+    inbox_.emplace(comm_, route_.ranks, route_.global, route_.groups, source, detail::control_tag(route_.tag_base, layers),
+                   detail::refusal_tag(route_.tag_base, layers), detail::partition_notice::max_size(route_.ranks.source_count(), layers),
+                   route_.failover != nullptr);
   }
   partition_sender(const partition_sender&) = delete;
   partition_sender& operator=(const partition_sender&) = delete;
@@ -157,30 +165,37 @@ class partition_sender {
   ~partition_sender() { cancel(); }
 
   /// Sends every group of layer `l` this source serves (then, with failover, the groups of
-  /// layer `l` it stands in for). Every run is bounds-checked against the own tensors
-  /// before the first byte leaves (errc::invalid_argument).
+  /// layer `l` it stands in for); a group to a clone rank whose hello has not come yet leaves
+  /// once it came and matched (detail/partition_handshake.hpp). Every run is bounds-checked
+  /// against the own tensors before the first byte leaves (errc::invalid_argument).
   void send_layer(std::uint32_t l) {
     for (auto gi : route_.groups.sent_by_source(source_)) {
       const auto& g = route_.groups.groups()[gi];
-      if (g.layer == l && !(failover_ && failover_->gone(g.clone))) send_group(g);
+      if (g.layer != l || (failover_ && failover_->gone(g.clone)) || inbox_->refused(g.clone)) continue;
+      if (inbox_->admitted(g.clone)) send_group(g);
+      else held_.push_back(&g);
     }
     sent_.at(l) = 1;
     progress();
   }
-  /// With failover: takes the clone ranks' notices and sends the replacement groups asked of
-  /// layers already sent (the other calls do this too). Never throws for what a clone rank
-  /// sent: a notice it cannot serve is dropped and counted (refused_notices()).
+  /// Takes the clone ranks' hellos (sending what waited for them) and, with failover, their
+  /// notices, and sends the replacement groups asked of layers already sent (the other calls
+  /// do this too). Never throws for what a clone rank sent: a notice it cannot serve is
+  /// dropped and counted (refused_notices()), a hello that does not match is answered with
+  /// a refusal and that clone rank is served nothing.
   void progress() {
+    inbox_->poll([&](std::uint32_t c) { release_held(c); }, [&](std::uint32_t c, std::span<const std::byte> b) { take_notice(c, b); });
     if (!failover_) return;
-    for (auto c : failover_->poll(released_)) withdraw_sends([c](std::uint32_t to) { return to == c; });
     for (std::uint32_t l = 0; l < sent_.size(); ++l)
       if (sent_[l])
         for (const auto& g : failover_->take_ready(l)) send_group(g);
   }
   /// Clone ranks' notices dropped (undecodable, or asking what this source cannot serve),
   /// and why the last one was.
-  std::size_t refused_notices() const noexcept { return failover_ ? failover_->refused() : 0; }
-  std::string last_refusal() const { return failover_ ? failover_->last_refusal() : std::string(); }
+  std::size_t refused_notices() const noexcept { return refused_notices_; }
+  const std::string& last_refusal() const noexcept { return last_refusal_; }
+  /// Whether clone rank `c`'s hello did not match this source's plan (it was told why).
+  bool refused(std::uint32_t c) const { return inbox_->refused(c); }
   void send_all() {
     for (std::uint32_t l = 0; l < route_.global.layer_count(); ++l) send_layer(l);
   }
@@ -215,8 +230,9 @@ class partition_sender {
   /// (detail::retained_buffers); none is reused.
   void cancel() noexcept {
     withdraw_sends([](std::uint32_t) { return true; });
-    if (failover_) failover_->cancel();
+    if (inbox_) inbox_->cancel();
     lent_.clear();
+    held_.clear();
   }
 
  private:
@@ -255,9 +271,30 @@ class partition_sender {
         b.bytes = {}, b.pending = false;
       }
   }
+  /// Clone rank `c`'s hello was judged: the groups held for it leave now (admitted) or never.
+  void release_held(std::uint32_t c) {
+    auto held = std::move(held_);
+    held_.clear();
+    for (const auto* g : held) {
+      if (g->clone != c) held_.push_back(g);
+      else if (inbox_->admitted(c)) send_group(*g);
+    }
+  }
+  /// A notice of admitted clone rank `c` (an acknowledgement or a failover request).
+  void take_notice(std::uint32_t c, std::span<const std::byte> b) {
+    try {
+      if (!failover_) throw error(errc::invalid_argument, "a notice, but this transfer has no failover");
+      if (failover_->take(c, b, released_)) withdraw_sends([c](std::uint32_t to) { return to == c; });
+    } catch (const std::exception& e) {  // a clone rank's garbage, or a request no live source can serve
+      ++refused_notices_;
+      last_refusal_ = "clone rank " + std::to_string(c) + ": " + e.what();
+    }
+  }
   /// Whether layer `l` may be overwritten (layer_sent, without taking notices first); a
   /// send to a clone rank that named this source failed was withdrawn and no longer counts.
   bool layer_complete(std::uint32_t l) {
+    for (const auto* g : held_)
+      if (g->layer == l) return false;
     for (auto& r : requests_[l])
       if (!comm_.test(r.request) && !(failover_ && failover_->gone(r.clone))) return false;
     if (failover_ && !failover_->acknowledged(l)) return false;
@@ -289,7 +326,7 @@ class partition_sender {
   static constexpr std::size_t max_spare_buffers = 32;
 
   void send_group(const partition_group& g) {
-    const int data = detail::partition_tag(comm_, route_.tag_base, route_.global.layer_count(), g.layer, false);
+    const int data = detail::partition_tag(route_.tag_base, g.layer, false);
     const int to = route_.ranks.clones.at(g.clone);
     detail::partition_sums sums{g.layer, g.source, g.clone, {}};
     std::vector<outgoing> out;
@@ -376,7 +413,11 @@ class partition_sender {
   std::deque<lent> lent_;                     // packed messages and sums, alive until their sends complete
   std::vector<std::vector<std::byte>> spare_;  // buffers of completed sends, for reuse
   std::vector<char> sent_, released_;          // per layer: send_layer called; reported sent (may be overwritten)
-  std::optional<detail::source_failover<Comm>> failover_;
+  std::vector<const partition_group*> held_;   // groups to clone ranks whose hello has not come yet
+  std::optional<detail::source_failover> failover_;
+  std::optional<detail::source_inbox<Comm>> inbox_;  // constructed last: posts receives
+  std::size_t refused_notices_ = 0;
+  std::string last_refusal_;
 };
 
 /// A clone rank's side: receives every group it wants into its own tensors (`tensors[t]`:
@@ -390,6 +431,10 @@ class partition_receiver {
     if (clone >= route_.ranks.clone_count())
       throw error(errc::invalid_argument, "partition_receiver: clone rank " + std::to_string(clone) + " of " +
                                               std::to_string(route_.ranks.clone_count()));
+    const auto layers = route_.global.layer_count();
+    detail::check_tags(comm_, route_.tag_base, layers);
+    handshake_.emplace(comm_, route_.ranks, route_.global, route_.groups, clone, detail::control_tag(route_.tag_base, layers),
+                       detail::refusal_tag(route_.tag_base, layers), route_.failover != nullptr);
     if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base);
     for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi], 0);
   }
@@ -402,6 +447,7 @@ class partition_receiver {
   /// the tensor of a message whose bytes fail their checksum (nothing of a packed message
   /// is unpacked then).
   bool progress() {
+    handshake_->check();
     bool all = true;
     for (auto& in : incoming_) all = (in.replaced || settle(in)) && all;
     if (!corrupt_.empty()) ask_again_elsewhere();
@@ -464,6 +510,7 @@ class partition_receiver {
   /// Withdraws every pending receive: afterwards nothing more is written into the tensors.
   void cancel() noexcept {
     for (auto& in : incoming_) withdraw(in);
+    if (handshake_) handshake_->cancel();
   }
 
  private:
@@ -485,7 +532,7 @@ class partition_receiver {
 
   /// Posts every receive of group `g` (of ledger round `round`: 0 for the plan's groups).
   void post_group(const partition_group& g, std::uint32_t round) {
-    const int data = detail::partition_tag(comm_, route_.tag_base, route_.global.layer_count(), g.layer, false);
+    const int data = detail::partition_tag(route_.tag_base, g.layer, false);
     const int from = route_.ranks.sources.at(g.source);
     auto& in = incoming_.emplace_back();
     in.group = &g;
@@ -622,6 +669,7 @@ class partition_receiver {
   };
   std::vector<corrupt_group> corrupt_;  // found by this progress(), asked elsewhere at its end
   std::deque<partition_groups> replacements_;                // failovers' groups (a deque: incoming_ points into them)
+  std::optional<detail::clone_handshake<Comm>> handshake_;   // before failover_: the hello leaves first on the control tag
   std::optional<detail::clone_failover<Comm>> failover_;
 };
 

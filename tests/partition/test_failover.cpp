@@ -228,8 +228,8 @@ TEST_CASE("partition failover: randomised holdings with a silent source: byte-ex
 }
 
 TEST_CASE("partition failover: notices a source cannot serve are dropped and counted, never thrown") {
-  // Two replicated sources, one clone rank. The clone rank first sends garbage on the notice
-  // tag, then receives everything; afterwards it asks for a layer the sources already released.
+  // Two replicated sources, one clone rank. After its hello the clone rank sends garbage on the
+  // notice tag, then receives everything; afterwards it asks for a layer the sources already released.
   scenario s{two_layer_model(), {dc::holdings::replicated(two_layer_model()), dc::holdings::replicated(two_layer_model())},
              {dc::holdings::replicated(two_layer_model())}};
   const auto roles = dc::roles::contiguous(2, 1);
@@ -252,12 +252,12 @@ TEST_CASE("partition failover: notices a source cannot serve are dropped and cou
     (void)c2.wait(r);
   };
   const notice nobody{notice::kind::failover, 0, 1, 0, {0}, {0, 0}};  // source 1's transfers, but no source failed
-  send_notice(garbage);
-  send_notice(other_bytes);
-  send_notice(nobody.encode(s.lay.layer_count()));
   {
     const auto out = spans<std::byte>(dst);
-    dc::partition_receiver<dc::inproc::communicator> receive(c2, route, 0, out);
+    dc::partition_receiver<dc::inproc::communicator> receive(c2, route, 0, out);  // its hello goes first
+    send_notice(garbage);
+    send_notice(other_bytes);
+    send_notice(nobody.encode(s.lay.layer_count()));
     send0.send_all();
     send1.send_all();
     receive.wait(10s);

@@ -340,6 +340,76 @@ TEST_CASE("partition transfer: tags beyond the communicator's bound are refused 
     FAIL("constructed with tags beyond INT_MAX");
   } catch (const dc::error& e) {
     CHECK(e.kind() == dc::errc::unsupported);
-    CHECK(contains(e.what(), std::to_string(base) + " to 2147483648"));
+    CHECK(contains(e.what(), std::to_string(base) + " to 2147483650"));
   }
+}
+
+namespace {
+/// ZeRO-1 N=4 -> M=2 in which clone rank 1 planned with layout `lay1`, clone holdings
+/// `dst1` and groups `groups1` of its own. Checks that clone rank 0 gets every byte, clone
+/// rank 1 none, and every source finishes, refusing clone rank 1; returns clone rank 1's error.
+dc::error mismatched_clone(const dc::layout& lay1, const std::vector<dc::holdings>& dst1, const dc::partition_groups& groups1) {
+  const auto s = zero1();
+  const auto roles = dc::roles::contiguous(4, 2);
+  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), 4, 2);
+  const dc::partition_route route{roles, s.lay, groups, tag_base}, route1{roles, lay1, groups1, tag_base};
+  dc::inproc::world w(6);
+  std::vector<dc::inproc::communicator> comms;
+  for (int r = 0; r < 6; ++r) comms.push_back(w.comm(r));
+  std::vector<std::vector<std::vector<std::byte>>> src;
+  for (const auto& h : s.src) src.push_back(own_tensors(s.lay, h, true));
+  auto dst0 = own_tensors(s.lay, s.dst[0], false), dst1_own = own_tensors(lay1, dst1[1], false);
+  const auto untouched = dst1_own;
+  std::vector<char> refused(4, 0);
+  std::optional<dc::error> error1;
+  std::vector<std::thread> threads;
+  for (std::uint32_t i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      const auto own = spans<const std::byte>(src[i]);
+      dc::partition_sender<dc::inproc::communicator> send(comms[i], route, i, own);
+      send.send_all();
+      send.wait(10s);
+      refused[i] = send.refused(1) && !send.refused(0);
+    });
+  threads.emplace_back([&] {
+    const auto own = spans<std::byte>(dst0);
+    dc::partition_receiver<dc::inproc::communicator>(comms[4], route, 0, own).wait(10s);
+  });
+  threads.emplace_back([&] {
+    const auto own = spans<std::byte>(dst1_own);
+    try {
+      dc::partition_receiver<dc::inproc::communicator>(comms[5], route1, 1, own).wait(10s);
+    } catch (const dc::error& e) {
+      error1 = e;
+    }
+  });
+  for (auto& t : threads) t.join();
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, dst0, t));
+  CHECK(dst1_own == untouched);
+  CHECK(refused == std::vector<char>(4, 1));
+  REQUIRE(error1);
+  return *error1;
+}
+}  // namespace
+
+TEST_CASE("partition transfer: a clone rank that declares another global layout is refused before any byte moves, naming the tensor") {
+  auto lay1 = dc::layout{};
+  lay1.add_layer({"fc1", {tensor("weight", {64, 48}), tensor("bias", {64}), tensor("weight.adam_m", {64, 48})}});
+  lay1.add_layer({"fc2", {tensor("weight", {48, 64}), tensor("bias", {47}), tensor("weight.adam_m", {48, 64})}});
+  const std::vector<dc::holdings> src1(4, dc::holdings::replicated(lay1)), dst1(2, dc::holdings::replicated(lay1));
+  const auto e = mismatched_clone(lay1, dst1, dc::make_partition_groups(dc::make_partition_plan(lay1, src1, dst1), 4, 2));
+  CHECK(e.kind() == dc::errc::layout_mismatch);
+  CHECK(contains(e.what(), "global tensor 4 ('fc2.bias') shape: sources declare [48], clone rank 1 declares [47]"));
+  CHECK(contains(e.what(), "refused by source"));
+}
+
+TEST_CASE("partition transfer: a clone rank that planned with other holdings is refused before any byte moves") {
+  const auto s = zero1();
+  auto src1 = s.src;
+  src1[3] = src1[2];  // source 3 declared as holding source 2's slot partition: another plan
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
+    if (is_slot(s.lay.tensor(t).name)) src1[2].of_tensor[t] = uneven_flat(s.lay.tensor(t), 4, 3);
+  const auto e = mismatched_clone(s.lay, s.dst, dc::make_partition_groups(dc::make_partition_plan(s.lay, src1, s.dst), 4, 2));
+  CHECK(e.kind() == dc::errc::plan_mismatch);
+  CHECK(contains(e.what(), "planned different transfers"));
 }

@@ -149,59 +149,39 @@ inline void check_sources(const partition_failover& f, const roles& ranks) {
                                             std::to_string(ranks.source_count()));
 }
 
-/// The tag of the clone ranks' notices: after the layers' data and sums tags. Throws
-/// errc::unsupported when it lies beyond the communicator's bound.
-template <class Comm>
-int notice_tag(const Comm& c, int tag_base, std::size_t layers) {
-  const long long tag = static_cast<long long>(tag_base) + 2LL * static_cast<long long>(layers);
-  if (tag_base < 0 || tag > max_tag_of(c))
-    throw error(errc::unsupported, "partitioned transfer with failover: " + std::to_string(layers) + " layers need tags " +
-                                       std::to_string(tag_base) + " to " + std::to_string(tag) + "; the communicator allows 0 to " +
-                                       std::to_string(max_tag_of(c)));
-  return static_cast<int>(tag);
-}
+/// The tags of a partitioned transfer beyond its layers' data and sums: the clone ranks'
+/// messages to the sources (hello, acknowledgements, failover notices), and the sources'
+/// refusals. The transfer checks that both lie within the communicator's bound.
+inline int control_tag(int tag_base, std::size_t layers) { return tag_base + 2 * static_cast<int>(layers); }
+inline int refusal_tag(int tag_base, std::size_t layers) { return control_tag(tag_base, layers) + 1; }
 
-/// A source's side of failover: receives every clone rank's notices, records which clone
-/// ranks acknowledged which layer, and computes the replacement groups it must send.
-template <class Comm>
+/// A source's side of failover: takes every clone rank's notices, records which clone ranks
+/// acknowledged which layer, and computes the replacement groups it must send.
 class source_failover {
  public:
-  source_failover(Comm& c, const layout& global, const partition_failover& f, const partition_groups& groups, const roles& ranks,
-                  std::uint32_t source, int tag_base)
-      : comm_(c), global_(global), failover_(f), source_(source), clone_ranks_(ranks.clones) {
+  source_failover(const layout& global, const partition_failover& f, const partition_groups& groups, const roles& ranks, std::uint32_t source)
+      : global_(global), failover_(f), source_(source), clones_(ranks.clone_count()) {
     check_sources(f, ranks);
-    const auto layers = global.layer_count();
-    const int tag = notice_tag(c, tag_base, layers);
-    wanted_.assign(layers, std::vector<char>(clone_ranks_.size(), 0));
+    wanted_.assign(global.layer_count(), std::vector<char>(clones_, 0));
     acked_ = wanted_;
     for (const auto& g : groups.groups()) wanted_[g.layer][g.clone] = 1;
-    gone_.assign(clone_ranks_.size(), 0);
-    failed_.assign(clone_ranks_.size(), std::vector<char>(f.sources.size(), 0));
-    for (std::uint32_t c = 0; c < clone_ranks_.size(); ++c) {
-      ledgers_.emplace_back(f.plan, c);
-      inbox_.emplace_back().post(comm_, clone_ranks_[c], tag, partition_notice::max_size(f.sources.size(), layers));
-    }
+    gone_.assign(clones_, 0);
+    failed_.assign(clones_, std::vector<char>(f.sources.size(), 0));
+    for (std::uint32_t c = 0; c < clones_; ++c) ledgers_.emplace_back(f.plan, c);
   }
-  source_failover(const source_failover&) = delete;
-  source_failover& operator=(const source_failover&) = delete;
-  ~source_failover() { cancel(); }
-
-  /// Takes the notices that arrived (a bounded number per clone rank and call, so a clone
-  /// rank that floods cannot hold the trainer). `released[l]`: layer l was reported sent (the
-  /// trainer may have overwritten it), so no replacement of it can be served any more.
-  /// Returns the clone ranks that named this source failed in this call.
-  std::vector<std::uint32_t> poll(const std::vector<char>& released) {
-    std::vector<std::uint32_t> newly_gone;
-    for (std::uint32_t c = 0; c < inbox_.size(); ++c)
-      for (int taken = 0; taken < max_notices_per_poll; ++taken) {
-        auto b = inbox_[c].test(comm_);
-        if (!b) break;
-        const bool was_gone = gone_[c];
-        take(c, *b, released);
-        if (gone_[c] && !was_gone) newly_gone.push_back(c);
-        inbox_[c].repost(comm_);
-      }
-    return newly_gone;
+  /// Takes notice `b` of clone rank `c`; true if it names this source failed (the sender
+  /// then withdraws its sends to `c`). `released[l]`: layer l was reported sent (the trainer
+  /// may have overwritten it), so no replacement of it can be served any more. Throws for a
+  /// notice it refuses (the sender drops and counts it).
+  bool take(std::uint32_t c, std::span<const std::byte> b, const std::vector<char>& released) {
+    const auto n = partition_notice::decode(b, c, failover_.sources.size(), global_.layer_count());
+    if (n.what == partition_notice::kind::layer_verified) {
+      acked_[n.layers.front()][c] = 1;
+      return false;
+    }
+    const bool was_gone = gone_[c];
+    serve(c, n, released);
+    return gone_[c] && !was_gone;
   }
   /// Replacement groups of layer `l` this source must send now (its own groups of `l` are sent).
   std::vector<partition_group> take_ready(std::uint32_t l) {
@@ -213,30 +193,14 @@ class source_failover {
   }
   /// True once every clone rank that wants layer `l` acknowledged it or named this source failed.
   bool acknowledged(std::uint32_t l) const {
-    for (std::size_t c = 0; c < clone_ranks_.size(); ++c)
+    for (std::size_t c = 0; c < clones_; ++c)
       if (wanted_[l][c] && !acked_[l][c] && !gone_[c]) return false;
     return true;
   }
   /// Whether clone rank `c` named this source failed (it expects nothing more from here).
   bool gone(std::uint32_t c) const { return gone_.at(c) != 0; }
-  /// Notices dropped (undecodable, a refused request), and why the last one was.
-  std::size_t refused() const noexcept { return refused_; }
-  const std::string& last_refusal() const noexcept { return last_refusal_; }
-  void cancel() noexcept {
-    for (auto& s : inbox_) s.cancel(comm_);
-  }
 
  private:
-  void take(std::uint32_t c, std::span<const std::byte> b, const std::vector<char>& released) {
-    try {
-      const auto n = partition_notice::decode(b, c, failover_.sources.size(), global_.layer_count());
-      if (n.what == partition_notice::kind::layer_verified) acked_[n.layers.front()][c] = 1;
-      else serve(c, n, released);
-    } catch (const std::exception& e) {  // a clone rank's garbage, or a request no live source can serve
-      ++refused_;
-      last_refusal_ = "clone rank " + std::to_string(c) + ": " + e.what();
-    }
-  }
   /// Serves a failover notice of clone rank `c`. What bounds the work a clone rank can ask
   /// for: failed sources stay failed, and each notice removes transfers of a failed source
   /// from the ledger, adding transfers of live ones only.
@@ -251,25 +215,19 @@ class source_failover {
         throw error(errc::invalid_argument, "asks for layer '" + global_.layers()[l].name + "', which this source already released");
     for (std::size_t s = 0; s < n.failed.size(); ++s)
       if (failed_[c][s] && !n.failed[s]) throw error(errc::invalid_argument, "a failover notice that revives source " + std::to_string(s));
-    auto groups = ledgers_[c].apply(global_, failover_, n, static_cast<std::uint32_t>(clone_ranks_.size()));
+    auto groups = ledgers_[c].apply(global_, failover_, n, clones_);
     failed_[c] = n.failed;
     for (auto gi : groups.sent_by_source(source_)) pending_.push_back(groups.groups()[gi]);
   }
-  static constexpr int max_notices_per_poll = 64;
 
-  Comm& comm_;
   const layout& global_;
   const partition_failover& failover_;
-  std::uint32_t source_;
-  std::vector<int> clone_ranks_;
+  std::uint32_t source_, clones_;
   std::vector<std::vector<char>> wanted_, acked_;  // per layer, per clone rank
   std::vector<char> gone_;                        // clone ranks that named this source failed
   std::vector<std::vector<char>> failed_;          // per clone rank: the sources it named failed so far
   std::vector<failover_ledger> ledgers_;           // per clone rank
-  std::deque<inbox_slot<Comm>> inbox_;             // per clone rank (a deque: posted buffers must not move)
   std::vector<partition_group> pending_;           // replacement groups not sent yet
-  std::size_t refused_ = 0;
-  std::string last_refusal_;
 };
 
 /// A group a clone rank lost: its source failed before it verified.
@@ -290,7 +248,7 @@ class clone_failover {
  public:
   clone_failover(Comm& c, const layout& global, const partition_failover& f, const roles& ranks, std::uint32_t clone, int tag_base)
       : comm_(c), global_(global), failover_(f), clone_(clone), clones_(static_cast<std::uint32_t>(ranks.clone_count())),
-        source_ranks_(ranks.sources), tag_(notice_tag(c, tag_base, global.layer_count())), ledger_(f.plan, clone) {
+        source_ranks_(ranks.sources), tag_(control_tag(tag_base, global.layer_count())), ledger_(f.plan, clone) {
     check_sources(f, ranks);
     failed_.assign(source_ranks_.size(), 0);
     acked_.assign(global.layer_count(), 0);

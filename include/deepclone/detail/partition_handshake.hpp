@@ -1,0 +1,264 @@
+#pragma once
+/// \file detail/partition_handshake.hpp
+/// Before any byte of a partitioned transfer moves, each clone rank proves to every source
+/// that both planned the same transfer (issue 12, item 2): its *hello* carries the global
+/// declaration (layers, names, dtypes, global shapes: partition_declaration.hpp) and the
+/// fingerprint of the groups it computed from everyone's holdings. A source sends a clone rank
+/// nothing until that clone rank's hello matched its own plan; on a difference it answers with
+/// a *refusal* naming it (errc::layout_mismatch with the first differing tensor, errc::
+/// plan_mismatch for other holdings or group options, errc::corrupt_message for a hello it
+/// cannot read), serves that clone rank nothing, and trains on.
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../communicator.hpp"
+#include "../error.hpp"
+#include "../partition_declaration.hpp"
+#include "../partition_groups.hpp"
+#include "../roles.hpp"
+#include "bytes.hpp"
+#include "outbox.hpp"
+
+namespace deepclone::detail {
+
+/// FNV-1a of every group (layer, source, clone rank, each message's flags and runs): ranks
+/// that made the same plan with the same group options have the same fingerprint.
+inline std::uint64_t groups_fingerprint(const partition_groups& groups) {
+  writer w;
+  for (const auto& g : groups.groups()) {
+    w.u32(g.layer), w.u32(g.source), w.u32(g.clone), w.u32(static_cast<std::uint32_t>(g.messages.size()));
+    for (const auto& m : g.messages) {
+      w.u8(m.packed ? 1 : 0), w.u8(m.gather ? 1 : 0), w.u32(static_cast<std::uint32_t>(m.runs.size()));
+      for (const auto& r : m.runs) w.u32(r.tensor), w.u64(r.global), w.u64(r.length), w.u64(r.source_offset), w.u64(r.clone_offset);
+    }
+  }
+  return fnv1a(w.buffer());
+}
+
+/// A clone rank's first message to every source.
+struct partition_hello {
+  static constexpr std::uint32_t magic = 0x50484C31;  // "PHL1"
+  std::uint32_t clone = 0;
+  std::uint64_t plan = 0;              ///< groups_fingerprint of the clone rank's groups
+  std::vector<std::byte> declaration;  ///< global_declaration::encode()
+
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic), w.u32(clone), w.u64(plan), w.bytes(declaration);
+    return seal(w);
+  }
+  /// The largest hello a source takes: room for a declaration up to twice its own (a
+  /// larger one is refused unread, as a layout of another size).
+  static std::size_t max_size(std::size_t own_declaration) { return 2 * own_declaration + 4096; }
+  static partition_hello decode(std::span<const std::byte> b) {
+    reader r(unseal(b, "partition hello"), "partition hello");
+    if (r.u32() != magic) r.fail("bad magic word");
+    partition_hello h;
+    h.clone = r.u32(), h.plan = r.u64();
+    const auto d = r.bytes();
+    h.declaration.assign(d.begin(), d.end());
+    r.expect_end();
+    return h;
+  }
+};
+
+/// A source's answer to a hello that does not match: why, as the error the clone rank throws.
+struct partition_refusal {
+  static constexpr std::uint32_t magic = 0x50524631;  // "PRF1"
+  static constexpr std::size_t max_text = 2000;
+  std::uint32_t source = 0;
+  errc code = errc::layout_mismatch;
+  std::string text;
+  std::uint64_t plan = 0;  ///< the refused hello's plan fingerprint (a clone rank ignores others')
+
+  static constexpr std::size_t max_size = max_text + 64;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic), w.u32(source), w.u32(static_cast<std::uint32_t>(code)), w.str(text.substr(0, max_text)), w.u64(plan);
+    return seal(w);
+  }
+  static partition_refusal decode(std::span<const std::byte> b) {
+    reader r(unseal(b, "partition refusal"), "partition refusal");
+    if (r.u32() != magic) r.fail("bad magic word");
+    partition_refusal f;
+    f.source = r.u32();
+    const auto code = r.u32();
+    if (code != static_cast<std::uint32_t>(errc::layout_mismatch) && code != static_cast<std::uint32_t>(errc::plan_mismatch) &&
+        code != static_cast<std::uint32_t>(errc::corrupt_message))
+      r.fail("unknown refusal code " + std::to_string(code));
+    f.code = static_cast<errc>(code);
+    f.text = r.str();
+    f.plan = r.u64();
+    r.expect_end();
+    return f;
+  }
+};
+
+/// What a source holds to judge hellos by: its own declaration and plan fingerprint.
+struct handshake_terms {
+  global_declaration declaration;
+  std::vector<std::byte> encoded;  ///< declaration.encode()
+  std::uint64_t plan = 0;
+  static handshake_terms of(const layout& global, const partition_groups& groups) {
+    handshake_terms t{global_declaration::of(global), {}, groups_fingerprint(groups)};
+    t.encoded = t.declaration.encode();
+    return t;
+  }
+};
+
+/// Source `source`'s verdict on `bytes`, the first message of clone rank `clone`: nullopt
+/// when it is a hello that matches `own`, else the refusal to send back. Never throws for
+/// what the clone rank sent.
+inline std::optional<partition_refusal> judge_hello(std::span<const std::byte> bytes, std::uint32_t clone, const handshake_terms& own,
+                                                    std::uint32_t source) {
+  const std::string who = "clone rank " + std::to_string(clone);
+  std::uint64_t plan = 0;
+  try {
+    const auto h = partition_hello::decode(bytes);
+    plan = h.plan;
+    if (h.clone != clone)
+      return partition_refusal{source, errc::corrupt_message, who + " sent the hello of clone rank " + std::to_string(h.clone), plan};
+    if (auto d = first_difference(own.declaration, global_declaration::decode(h.declaration), who))
+      return partition_refusal{source, errc::layout_mismatch, "partitioned state: " + *d + " (the global shapes and dtypes must agree)", plan};
+    if (h.plan != own.plan)
+      return partition_refusal{source, errc::plan_mismatch,
+                               "partitioned state: source " + std::to_string(source) + " and " + who +
+                                   " planned different transfers (plan fingerprints differ): every rank must pass the same holdings "
+                                   "of every source and clone rank, and the same group options and alignment",
+                               plan};
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return partition_refusal{
+        source, errc::corrupt_message,
+        who + "'s first message is not a hello this source can read (a layout of another size, or garbage): " + e.what(), plan};
+  }
+}
+
+/// Whether clone rank `c` and source `s` exchange a hello: where the plan has a group between
+/// them, or (failover) always, since any source may be asked to stand in. Only those: a hello
+/// no source waits for would be left unreceived, for a later transfer on the same tags.
+inline bool hello_between(const partition_groups& groups, std::uint32_t s, std::uint32_t c, bool failover) {
+  if (failover) return true;
+  for (auto gi : groups.sent_by_source(s))
+    if (groups.groups()[gi].clone == c) return true;
+  return false;
+}
+
+/// A source's messages from the clone ranks, one receive per clone rank on the control tag:
+/// each clone rank's hello first (judged against this source's plan, a refusal sent back on a
+/// difference), then its acknowledgements and failover notices. At most `max_per_poll`
+/// messages per clone rank and call, so a clone rank that floods cannot hold the trainer.
+template <class Comm>
+class source_inbox {
+ public:
+  static constexpr int max_per_poll = 64;
+  source_inbox(Comm& c, const roles& ranks, const layout& global, const partition_groups& groups, std::uint32_t source, int control_tag,
+               int reply_tag, std::size_t notice_bytes, bool failover)
+      : comm_(c), clone_ranks_(ranks.clones), terms_(handshake_terms::of(global, groups)), source_(source), reply_tag_(reply_tag),
+        state_(clone_ranks_.size(), state::waiting) {
+    const auto bytes = std::max(partition_hello::max_size(terms_.encoded.size()), notice_bytes);
+    for (std::uint32_t c = 0; c < clone_ranks_.size(); ++c) {
+      auto& slot = slots_.emplace_back();
+      if (hello_between(groups, source, c, failover)) slot.post(comm_, clone_ranks_[c], control_tag, bytes);
+    }
+  }
+  source_inbox(const source_inbox&) = delete;
+  source_inbox& operator=(const source_inbox&) = delete;
+  ~source_inbox() { cancel(); }
+
+  /// Takes the messages that arrived: `judged(c)` once clone rank c's hello was judged (see
+  /// admitted()), `notice(c, bytes)` for each later message of an admitted clone rank.
+  template <class Judged, class Notice>
+  void poll(Judged judged, Notice notice) {
+    for (std::uint32_t c = 0; c < slots_.size(); ++c)
+      for (int taken = 0; taken < max_per_poll; ++taken) {
+        auto b = slots_[c].test(comm_);
+        if (!b) break;
+        if (state_[c] == state::waiting) admit(c, *b), judged(c);
+        else if (state_[c] == state::admitted) notice(c, *b);
+        slots_[c].repost(comm_);
+      }
+  }
+  /// Clone rank `c`'s hello matched this source's plan: it may be sent to.
+  bool admitted(std::uint32_t c) const { return state_.at(c) == state::admitted; }
+  /// Clone rank `c`'s hello did not match (it was told why): it is served nothing.
+  bool refused(std::uint32_t c) const { return state_.at(c) == state::refused; }
+  void cancel() noexcept {
+    for (auto& s : slots_) s.cancel(comm_);
+    replies_.cancel_all(comm_);
+  }
+
+ private:
+  enum class state : char { waiting, admitted, refused };
+  void admit(std::uint32_t c, std::span<const std::byte> b) {
+    const auto refusal = judge_hello(b, c, terms_, source_);
+    state_[c] = refusal ? state::refused : state::admitted;
+    if (refusal) replies_.send_owned(comm_, clone_ranks_[c], reply_tag_, refusal->encode());
+  }
+
+  Comm& comm_;
+  std::vector<int> clone_ranks_;
+  handshake_terms terms_;
+  std::uint32_t source_;
+  int reply_tag_;
+  std::vector<state> state_;
+  std::deque<inbox_slot<Comm>> slots_;  // a deque: posted buffers must not move
+  outbox<Comm> replies_;
+};
+
+/// A clone rank's side of the handshake: its hello to every source, and a receive per source
+/// for a refusal.
+template <class Comm>
+class clone_handshake {
+ public:
+  clone_handshake(Comm& c, const roles& ranks, const layout& global, const partition_groups& groups, std::uint32_t clone, int control_tag,
+                  int reply_tag, bool failover)
+      : comm_(c), plan_(groups_fingerprint(groups)) {
+    const auto hello = partition_hello{clone, plan_, global_declaration::of(global).encode()}.encode();
+    for (std::uint32_t s = 0; s < ranks.source_count(); ++s) {
+      if (!hello_between(groups, s, clone, failover)) continue;
+      hellos_.send_owned(comm_, ranks.sources[s], control_tag, hello);
+      slots_.emplace_back().post(comm_, ranks.sources[s], reply_tag, partition_refusal::max_size);
+    }
+  }
+  clone_handshake(const clone_handshake&) = delete;
+  clone_handshake& operator=(const clone_handshake&) = delete;
+  ~clone_handshake() { cancel(); }
+
+  /// Throws the refusal a source sent, as its error (layout_mismatch, plan_mismatch or
+  /// corrupt_message, naming the difference); a message that is no refusal is dropped.
+  void check() {
+    for (auto& slot : slots_) {
+      auto b = slot.test(comm_);
+      if (!b) continue;
+      std::optional<partition_refusal> f;
+      try {
+        f = partition_refusal::decode(*b);
+      } catch (const error&) {
+      }
+      if (!f || f->plan != plan_) {  // garbage, or the refusal of another transfer's hello
+        slot.repost(comm_);
+        continue;
+      }
+      throw error(f->code, f->text + " (refused by source " + std::to_string(f->source) + ")");
+    }
+  }
+  void cancel() noexcept {
+    for (auto& s : slots_) s.cancel(comm_);
+    hellos_.cancel_all(comm_);
+  }
+
+ private:
+  Comm& comm_;
+  std::uint64_t plan_;
+  outbox<Comm> hellos_;
+  std::deque<inbox_slot<Comm>> slots_;  // per source (a deque: posted buffers must not move)
+};
+
+}  // namespace deepclone::detail
