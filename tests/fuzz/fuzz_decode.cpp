@@ -1,5 +1,5 @@
 // libFuzzer harness: arbitrary bytes into every decoder of received messages (the
-// partitioned state's declaration and checksum lists included). A decoder
+// partitioned state's declaration, checksum lists, notices, hellos and refusals included). A decoder
 // may only return a value or throw deepclone::error; anything else (a crash, a sanitizer
 // report, another exception) is a finding. The first byte picks the decoder; with its top
 // bit set the bytes are sealed first (control messages end in a checksum of their bytes,
@@ -55,6 +55,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 14: {  // partitioned state: a group's checksum list, for a group of 3 messages
         dc::partition_group g{1, 2, 0, std::vector<dc::partition_message>(3), 0};
         if (dc::detail::partition_sums::decode_for(b, g).sums.size() != 3) __builtin_trap();
+        break;
+      }
+      case 15: {  // partitioned state: a clone rank's notice (4 sources, 13 layers), hello and judge, a refusal
+        switch (size % 3) {
+          case 0: {
+            auto n = dc::detail::partition_notice::decode(b, 2, 4, 13);
+            if (dc::detail::partition_notice::decode(n.encode(13), 2, 4, 13).layers != n.layers) __builtin_trap();
+            break;
+          }
+          case 1: {
+            (void)dc::detail::partition_hello::decode(b);
+            dc::layout l;
+            l.add_layer({"a", {dc::tensor_desc{"w", 16, dc::dtype::f32, {4}}}});
+            const dc::partition_groups none{};
+            (void)dc::detail::judge_hello(b, 0, dc::detail::handshake_terms::of(l, none), 0);  // a verdict, never an exception
+            break;
+          }
+          default: (void)dc::detail::partition_refusal::decode(b);
+        }
         break;
       }
     }
