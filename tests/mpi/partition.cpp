@@ -112,3 +112,45 @@ TEST_CASE("partition transfer over MPI: a silent tensor-parallel source fails ov
     c.barrier();
   }
 }
+
+TEST_CASE("partition transfer over MPI: a clone rank that declares another global layout is refused before any byte moves") {
+  boost::mpi::communicator world;
+  dc::mpi::communicator c(world);
+  const auto s = zero1();
+  dc::layout other;  // fc2.bias is [47] instead of [48] on clone rank 1
+  other.add_layer({"fc1", {tensor("weight", {64, 48}), tensor("bias", {64}), tensor("weight.adam_m", {64, 48})}});
+  other.add_layer({"fc2", {tensor("weight", {48, 64}), tensor("bias", {47}), tensor("weight.adam_m", {48, 64})}});
+  const std::vector<dc::holdings> other_src(4, dc::holdings::replicated(other)), other_dst(2, dc::holdings::replicated(other));
+  const auto roles = dc::roles::contiguous(4, 2);
+  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), 4, 2);
+  const auto other_groups = dc::make_partition_groups(dc::make_partition_plan(other, other_src, other_dst), 4, 2);
+  const dc::partition_route route{roles, s.lay, groups, 300}, other_route{roles, other, other_groups, 300};
+  const auto me = static_cast<std::uint32_t>(c.rank());
+  if (me < 4) {
+    auto own = own_tensors(s.lay, s.src[me], true);
+    const auto bytes = spans<const std::byte>(own);
+    dc::partition_sender<dc::mpi::communicator> send(c, route, me, bytes);
+    send.send_all();
+    send.wait(std::chrono::seconds(60));
+    CHECK(send.refused(1));
+    CHECK_FALSE(send.refused(0));
+  } else if (me == 4) {
+    auto own = own_tensors(s.lay, s.dst[0], false);
+    const auto bytes = spans<std::byte>(own);
+    dc::partition_receiver<dc::mpi::communicator>(c, route, 0, bytes).wait(std::chrono::seconds(60));
+    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, own, t));
+  } else if (me == 5) {
+    auto own = own_tensors(other, other_dst[1], false);
+    const auto untouched = own;
+    const auto bytes = spans<std::byte>(own);
+    try {
+      dc::partition_receiver<dc::mpi::communicator>(c, other_route, 1, bytes).wait(std::chrono::seconds(60));
+      FAIL("a clone rank with another layout was served");
+    } catch (const dc::error& e) {
+      CHECK(e.kind() == dc::errc::layout_mismatch);
+      CHECK(std::string(e.what()).find("('fc2.bias') shape: sources declare [48], clone rank 1 declares [47]") != std::string::npos);
+    }
+    CHECK(own == untouched);
+  }
+  c.barrier();
+}
