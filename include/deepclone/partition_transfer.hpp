@@ -112,7 +112,7 @@ inline std::string group_label(const layout& global, const partition_group& g) {
 }
 
 /// Throws `errc::unsupported` when a transfer of `layers` layers needs tags beyond the
-/// communicator's bound: 2 per layer (data, sums), then the control and refusal tags.
+/// communicator's bound: the control and refusal tags, then 2 per layer (data, sums).
 template <class Comm>
 void check_tags(const Comm& c, int tag_base, std::size_t layers) {
   const long long last = static_cast<long long>(tag_base) + 2LL * static_cast<long long>(layers) + 1;
@@ -120,14 +120,14 @@ void check_tags(const Comm& c, int tag_base, std::size_t layers) {
     throw error(errc::unsupported, "partitioned transfer: " + std::to_string(layers) + " layers need tags " + std::to_string(tag_base) +
                                        " to " + std::to_string(last) + "; the communicator allows 0 to " + std::to_string(max_tag_of(c)));
 }
-/// The tags of layer `l`: data at tag_base + 2l, sums at tag_base + 2l + 1 (check_tags first).
-inline int partition_tag(int tag_base, std::uint32_t l, bool sums) { return tag_base + 2 * static_cast<int>(l) + (sums ? 1 : 0); }
+/// The tags of layer `l`: data at tag_base + 2 + 2l, sums one more (check_tags first).
+inline int partition_tag(int tag_base, std::uint32_t l, bool sums) { return tag_base + 2 + 2 * static_cast<int>(l) + (sums ? 1 : 0); }
 
 }  // namespace detail
 
 /// Where a transfer runs: the communicator's roles, the global layout, the groups every
-/// rank computed alike, and the first of the 2 x layers + 2 tags it uses (per layer data and
-/// sums, then the clone ranks' hellos and notices, and the sources' refusals).
+/// rank computed alike, and the first of the 2 + 2 x layers tags it uses (the clone ranks'
+/// hellos and notices, the sources' refusals, then per layer data and sums).
 struct partition_route {
   const roles& ranks;
   const layout& global;
@@ -153,9 +153,8 @@ class partition_sender {
     const auto layers = route_.global.layer_count();
     detail::check_tags(comm_, route_.tag_base, layers);
     if (route_.failover) failover_.emplace(route_.global, *route_.failover, route_.groups, route_.ranks, source);
-    inbox_.emplace(comm_, route_.ranks, route_.global, route_.groups, source, detail::control_tag(route_.tag_base, layers),
-                   detail::refusal_tag(route_.tag_base, layers), detail::partition_notice::max_size(route_.ranks.source_count(), layers),
-                   route_.failover != nullptr);
+    inbox_.emplace(comm_, route_.ranks, route_.global, route_.groups, source, detail::control_tag(route_.tag_base),
+                   detail::refusal_tag(route_.tag_base), detail::partition_notice::max_size(route_.ranks.source_count(), layers));
   }
   partition_sender(const partition_sender&) = delete;
   partition_sender& operator=(const partition_sender&) = delete;
@@ -199,13 +198,13 @@ class partition_sender {
   void send_all() {
     for (std::uint32_t l = 0; l < route_.global.layer_count(); ++l) send_layer(l);
   }
-  /// True once every send posted so far completed (with failover: and every layer was
-  /// acknowledged by every clone rank that wants it).
+  /// True once every clone rank's hello was judged and every send posted so far completed
+  /// (with failover: and every layer was acknowledged by every clone rank that wants it).
   bool done() {
     progress();
     for (std::uint32_t l = 0; l < requests_.size(); ++l)
       if (!layer_complete(l)) return false;
-    return true;
+    return inbox_->settled();
   }
   /// True once every send of layer `l` posted so far completed (with failover: and every
   /// clone rank that wants the layer acknowledged it): from then on the trainer may
@@ -271,13 +270,20 @@ class partition_sender {
         b.bytes = {}, b.pending = false;
       }
   }
-  /// Clone rank `c`'s hello was judged: the groups held for it leave now (admitted) or never.
+  /// Clone rank `c`'s hello was judged: the groups held for it leave now (admitted) or never
+  /// (refused: with failover, its acknowledgements are no longer awaited either). A group
+  /// whose send throws stays held, with the ones after it.
   void release_held(std::uint32_t c) {
-    auto held = std::move(held_);
-    held_.clear();
-    for (const auto* g : held) {
-      if (g->clone != c) held_.push_back(g);
-      else if (inbox_->admitted(c)) send_group(*g);
+    if (failover_ && inbox_->refused(c)) failover_->forget(c);
+    std::vector<const partition_group*> mine;
+    std::erase_if(held_, [&](const partition_group* g) { return g->clone == c && (mine.push_back(g), true); });
+    for (std::size_t i = 0; i < mine.size() && inbox_->admitted(c); ++i) {
+      try {
+        send_group(*mine[i]);
+      } catch (...) {
+        held_.insert(held_.end(), mine.begin() + static_cast<std::ptrdiff_t>(i), mine.end());
+        throw;
+      }
     }
   }
   /// A notice of admitted clone rank `c` (an acknowledgement or a failover request).
@@ -433,8 +439,8 @@ class partition_receiver {
                                               std::to_string(route_.ranks.clone_count()));
     const auto layers = route_.global.layer_count();
     detail::check_tags(comm_, route_.tag_base, layers);
-    handshake_.emplace(comm_, route_.ranks, route_.global, route_.groups, clone, detail::control_tag(route_.tag_base, layers),
-                       detail::refusal_tag(route_.tag_base, layers), route_.failover != nullptr);
+    handshake_.emplace(comm_, route_.ranks, route_.global, route_.groups, clone, detail::control_tag(route_.tag_base),
+                       detail::refusal_tag(route_.tag_base));
     if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base);
     for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi], 0);
   }

@@ -226,14 +226,14 @@ TEST_CASE("partition transfer: gathered messages (one checksum per run) arrive b
 
 TEST_CASE("partition transfer: a corrupted message fails its checksum, naming the group and the tensor") {
   // Layer 0's data tag from source 0 (rank 0) to clone rank 0 (rank 4): its first message.
-  const auto what = error_with({.action = dc::fault::kind::corrupt, .from = 0, .to = 4, .tag_lo = tag_base}, 10s, dc::errc::corrupt_message);
+  const auto what = error_with({.action = dc::fault::kind::corrupt, .from = 0, .to = 4, .tag_lo = tag_base + 2}, 10s, dc::errc::corrupt_message);
   CHECK(contains(what, "failed its checksum"));
   CHECK(contains(what, "layer 'fc1' from source 0 to clone rank 0"));
   CHECK(contains(what, "tensor 'fc1."));
 }
 
 TEST_CASE("partition transfer: corrupted checksums are refused before they are read") {
-  const auto what = error_with({.action = dc::fault::kind::corrupt, .from = 0, .to = 4, .tag_lo = tag_base + 1, .bytes = {5}},
+  const auto what = error_with({.action = dc::fault::kind::corrupt, .from = 0, .to = 4, .tag_lo = tag_base + 3, .bytes = {5}},
                                10s, dc::errc::corrupt_message);
   CHECK(contains(what, "partition checksums"));
 }
@@ -283,20 +283,33 @@ TEST_CASE("partition transfer: a source learns per layer when its sends complete
 namespace {
 /// Sends that never complete on their own and that cancel only parks, as Open MPI's: a
 /// withdrawn send reports completion, yet still reads its buffer when a receive matches it.
+/// Each clone rank's hello (from rank 4 + c) arrives once, on the control tag.
 struct parked_sends {
   struct request_type {
     std::size_t id = 0;
     bool cancelled = false;
+    std::optional<std::size_t> arrived;
   };
   std::vector<std::span<const std::byte>> sends;
+  std::vector<std::vector<std::byte>> hellos;  // per clone rank, taken by the first receive
   int rank() const { return 0; }
   int size() const { return 8; }
   request_type isend(int, int, std::span<const std::byte> b) {
     sends.push_back(b);
-    return {sends.size() - 1};
+    return {sends.size() - 1, false, std::nullopt};
   }
-  request_type irecv(int, int, std::span<std::byte>) { return {}; }
-  std::optional<std::size_t> test(request_type& r) { return r.cancelled ? std::optional<std::size_t>(0) : std::nullopt; }
+  request_type irecv(int from, int tag, std::span<std::byte> b) {
+    const auto c = static_cast<std::size_t>(from - 4);
+    if (tag != tag_base || c >= hellos.size() || hellos[c].empty() || hellos[c].size() > b.size()) return {};
+    std::copy(hellos[c].begin(), hellos[c].end(), b.begin());
+    request_type r{0, false, hellos[c].size()};
+    hellos[c].clear();
+    return r;
+  }
+  std::optional<std::size_t> test(request_type& r) {
+    if (r.arrived) return r.arrived;
+    return r.cancelled ? std::optional<std::size_t>(0) : std::nullopt;
+  }
   void cancel(request_type& r) { r.cancelled = true; }
   std::vector<std::byte> deliver(std::size_t id) const { return {sends[id].begin(), sends[id].end()}; }
 };
@@ -311,10 +324,13 @@ TEST_CASE("partition transfer: after cancel, packed buffers a transport could no
   auto src = own_tensors(s.lay, s.src[0], true);
   const auto own = spans<const std::byte>(src);
   parked_sends c;
+  for (std::uint32_t k = 0; k < m; ++k)
+    c.hellos.push_back(dc::detail::partition_hello{k, dc::detail::groups_fingerprint(groups), dc::global_declaration::of(s.lay).fingerprint()}.encode());
   std::vector<std::vector<std::byte>> sent;
   {
     dc::partition_sender<parked_sends> send(c, route, 0, own);
     send.send_all();
+    REQUIRE(c.sends.size() > 10);  // the hellos came: the groups left (else nothing here is tested)
     for (std::size_t i = 0; i < c.sends.size(); ++i) sent.push_back(c.deliver(i));
     send.cancel();
     CHECK(send.done());     // every send reports completion once withdrawn...
@@ -412,4 +428,15 @@ TEST_CASE("partition transfer: a clone rank that planned with other holdings is 
   const auto e = mismatched_clone(s.lay, s.dst, dc::make_partition_groups(dc::make_partition_plan(s.lay, src1, s.dst), 4, 2));
   CHECK(e.kind() == dc::errc::plan_mismatch);
   CHECK(contains(e.what(), "planned different transfers"));
+}
+
+TEST_CASE("partition transfer: a clone rank with far more tensors is refused too, naming the difference") {
+  auto lay1 = two_layer_model();
+  std::vector<dc::tensor_desc> many;  // a declaration many times the sources' size: the hello stays small
+  for (int i = 0; i < 200; ++i) many.push_back(tensor("a tensor with a long name, number " + std::to_string(i), {4}));
+  lay1.add_layer({"extra", many});
+  const std::vector<dc::holdings> src1(4, dc::holdings::replicated(lay1)), dst1(2, dc::holdings::replicated(lay1));
+  const auto e = mismatched_clone(lay1, dst1, dc::make_partition_groups(dc::make_partition_plan(lay1, src1, dst1), 4, 2));
+  CHECK(e.kind() == dc::errc::layout_mismatch);
+  CHECK(contains(e.what(), "tensor count: sources declare 6, clone rank 1 declares 206"));
 }

@@ -149,11 +149,11 @@ inline void check_sources(const partition_failover& f, const roles& ranks) {
                                             std::to_string(ranks.source_count()));
 }
 
-/// The tags of a partitioned transfer beyond its layers' data and sums: the clone ranks'
-/// messages to the sources (hello, acknowledgements, failover notices), and the sources'
-/// refusals. The transfer checks that both lie within the communicator's bound.
-inline int control_tag(int tag_base, std::size_t layers) { return tag_base + 2 * static_cast<int>(layers); }
-inline int refusal_tag(int tag_base, std::size_t layers) { return control_tag(tag_base, layers) + 1; }
+/// The first two tags of a partitioned transfer, before its layers' (so that ranks whose
+/// layouts differ still talk): the clone ranks' messages to the sources (hello,
+/// acknowledgements, failover notices), and the sources' refusals.
+inline int control_tag(int tag_base) { return tag_base; }
+inline int refusal_tag(int tag_base) { return tag_base + 1; }
 
 /// A source's side of failover: takes every clone rank's notices, records which clone ranks
 /// acknowledged which layer, and computes the replacement groups it must send.
@@ -196,6 +196,12 @@ class source_failover {
     for (std::size_t c = 0; c < clones_; ++c)
       if (wanted_[l][c] && !acked_[l][c] && !gone_[c]) return false;
     return true;
+  }
+  /// Clone rank `c` is served nothing more (its hello was refused): its acknowledgements are
+  /// no longer awaited.
+  void forget(std::uint32_t c) {
+    gone_.at(c) = 1;
+    std::erase_if(pending_, [&](const partition_group& g) { return g.clone == c; });
   }
   /// Whether clone rank `c` named this source failed (it expects nothing more from here).
   bool gone(std::uint32_t c) const { return gone_.at(c) != 0; }
@@ -248,7 +254,7 @@ class clone_failover {
  public:
   clone_failover(Comm& c, const layout& global, const partition_failover& f, const roles& ranks, std::uint32_t clone, int tag_base)
       : comm_(c), global_(global), failover_(f), clone_(clone), clones_(static_cast<std::uint32_t>(ranks.clone_count())),
-        source_ranks_(ranks.sources), tag_(control_tag(tag_base, global.layer_count())), ledger_(f.plan, clone) {
+        source_ranks_(ranks.sources), tag_(control_tag(tag_base)), ledger_(f.plan, clone) {
     check_sources(f, ranks);
     failed_.assign(source_ranks_.size(), 0);
     acked_.assign(global.layer_count(), 0);

@@ -1,12 +1,13 @@
 #pragma once
 /// \file detail/partition_handshake.hpp
 /// Before any byte of a partitioned transfer moves, each clone rank proves to every source
-/// that both planned the same transfer (issue 12, item 2): its *hello* carries the global
-/// declaration (layers, names, dtypes, global shapes: partition_declaration.hpp) and the
-/// fingerprint of the groups it computed from everyone's holdings. A source sends a clone rank
-/// nothing until that clone rank's hello matched its own plan; on a difference it answers with
-/// a *refusal* naming it (errc::layout_mismatch with the first differing tensor, errc::
-/// plan_mismatch for other holdings or group options, errc::corrupt_message for a hello it
+/// that both planned the same transfer (issue 12, item 2): its *hello* carries the
+/// fingerprints of its global declaration (layers, names, dtypes, global shapes:
+/// partition_declaration.hpp) and of the groups it computed from everyone's holdings. A
+/// source sends a clone rank nothing until that clone rank's hello matched its own plan; on a
+/// difference it answers with a *refusal* (errc::layout_mismatch carrying the source's
+/// declaration, from which the clone rank names the first differing tensor; errc::
+/// plan_mismatch for other holdings or group options; errc::corrupt_message for a hello it
 /// cannot read), serves that clone rank nothing, and trains on.
 
 #include <algorithm>
@@ -41,46 +42,47 @@ inline std::uint64_t groups_fingerprint(const partition_groups& groups) {
   return fnv1a(w.buffer());
 }
 
-/// A clone rank's first message to every source.
+/// A clone rank's first message to every source: small (an eager send on any transport), so
+/// it reaches the source even if the clone rank gives up at once.
 struct partition_hello {
-  static constexpr std::uint32_t magic = 0x50484C31;  // "PHL1"
+  static constexpr std::uint32_t magic = 0x50484C32;  // "PHL2"
   std::uint32_t clone = 0;
-  std::uint64_t plan = 0;              ///< groups_fingerprint of the clone rank's groups
-  std::vector<std::byte> declaration;  ///< global_declaration::encode()
+  std::uint64_t plan = 0;         ///< groups_fingerprint of the clone rank's groups
+  std::uint64_t declaration = 0;  ///< global_declaration::fingerprint()
 
+  static constexpr std::size_t size = 4 + 4 + 8 + 8 + 8;
   std::vector<std::byte> encode() const {
     writer w;
-    w.u32(magic), w.u32(clone), w.u64(plan), w.bytes(declaration);
+    w.u32(magic), w.u32(clone), w.u64(plan), w.u64(declaration);
     return seal(w);
   }
-  /// The largest hello a source takes: room for a declaration up to twice its own (a
-  /// larger one is refused unread, as a layout of another size).
-  static std::size_t max_size(std::size_t own_declaration) { return 2 * own_declaration + 4096; }
   static partition_hello decode(std::span<const std::byte> b) {
     reader r(unseal(b, "partition hello"), "partition hello");
     if (r.u32() != magic) r.fail("bad magic word");
     partition_hello h;
-    h.clone = r.u32(), h.plan = r.u64();
-    const auto d = r.bytes();
-    h.declaration.assign(d.begin(), d.end());
+    h.clone = r.u32(), h.plan = r.u64(), h.declaration = r.u64();
     r.expect_end();
     return h;
   }
 };
 
 /// A source's answer to a hello that does not match: why, as the error the clone rank throws.
+/// A layout mismatch carries the source's declaration, from which the clone rank names the
+/// first difference.
 struct partition_refusal {
-  static constexpr std::uint32_t magic = 0x50524631;  // "PRF1"
+  static constexpr std::uint32_t magic = 0x50524632;  // "PRF2"
   static constexpr std::size_t max_text = 2000;
   std::uint32_t source = 0;
   errc code = errc::layout_mismatch;
   std::string text;
-  std::uint64_t plan = 0;  ///< the refused hello's plan fingerprint (a clone rank ignores others')
+  std::uint64_t plan = 0;               ///< the refused hello's plan fingerprint (0: unreadable hello)
+  std::vector<std::byte> declaration;   ///< layout_mismatch: the source's global_declaration::encode()
 
-  static constexpr std::size_t max_size = max_text + 64;
+  /// The largest refusal a clone rank takes: room for a declaration up to twice its own.
+  static std::size_t max_size(std::size_t own_declaration) { return max_text + 2 * own_declaration + 4096; }
   std::vector<std::byte> encode() const {
     writer w;
-    w.u32(magic), w.u32(source), w.u32(static_cast<std::uint32_t>(code)), w.str(text.substr(0, max_text)), w.u64(plan);
+    w.u32(magic), w.u32(source), w.u32(static_cast<std::uint32_t>(code)), w.str(text.substr(0, max_text)), w.u64(plan), w.bytes(declaration);
     return seal(w);
   }
   static partition_refusal decode(std::span<const std::byte> b) {
@@ -95,20 +97,33 @@ struct partition_refusal {
     f.code = static_cast<errc>(code);
     f.text = r.str();
     f.plan = r.u64();
+    const auto d = r.bytes();
+    f.declaration.assign(d.begin(), d.end());
     r.expect_end();
     return f;
+  }
+  /// The error clone rank `who` throws for it: a layout mismatch names the first difference
+  /// between the source's declaration and `own`.
+  error as_error(const global_declaration& own, const std::string& who) const {
+    std::string why = text;
+    if (code == errc::layout_mismatch) {
+      try {
+        if (auto d = first_difference(global_declaration::decode(declaration), own, who)) why = "partitioned state: " + *d;
+      } catch (const error&) {  // an unreadable declaration: the source's own words stand
+      }
+      why += " (the global shapes and dtypes must agree)";
+    }
+    return error(code, why + " (refused by source " + std::to_string(source) + ")");
   }
 };
 
 /// What a source holds to judge hellos by: its own declaration and plan fingerprint.
 struct handshake_terms {
-  global_declaration declaration;
-  std::vector<std::byte> encoded;  ///< declaration.encode()
-  std::uint64_t plan = 0;
+  std::vector<std::byte> declaration;  ///< global_declaration::of(global).encode()
+  std::uint64_t declaration_fingerprint = 0, plan = 0;
   static handshake_terms of(const layout& global, const partition_groups& groups) {
-    handshake_terms t{global_declaration::of(global), {}, groups_fingerprint(groups)};
-    t.encoded = t.declaration.encode();
-    return t;
+    const auto d = global_declaration::of(global);
+    return {d.encode(), d.fingerprint(), groups_fingerprint(groups)};
   }
 };
 
@@ -118,55 +133,41 @@ struct handshake_terms {
 inline std::optional<partition_refusal> judge_hello(std::span<const std::byte> bytes, std::uint32_t clone, const handshake_terms& own,
                                                     std::uint32_t source) {
   const std::string who = "clone rank " + std::to_string(clone);
-  std::uint64_t plan = 0;
+  partition_hello h;
   try {
-    const auto h = partition_hello::decode(bytes);
-    plan = h.plan;
-    if (h.clone != clone)
-      return partition_refusal{source, errc::corrupt_message, who + " sent the hello of clone rank " + std::to_string(h.clone), plan};
-    if (auto d = first_difference(own.declaration, global_declaration::decode(h.declaration), who))
-      return partition_refusal{source, errc::layout_mismatch, "partitioned state: " + *d + " (the global shapes and dtypes must agree)", plan};
-    if (h.plan != own.plan)
-      return partition_refusal{source, errc::plan_mismatch,
-                               "partitioned state: source " + std::to_string(source) + " and " + who +
-                                   " planned different transfers (plan fingerprints differ): every rank must pass the same holdings "
-                                   "of every source and clone rank, and the same group options and alignment",
-                               plan};
-    return std::nullopt;
-  } catch (const std::exception& e) {
-    return partition_refusal{
-        source, errc::corrupt_message,
-        who + "'s first message is not a hello this source can read (a layout of another size, or garbage): " + e.what(), plan};
+    h = partition_hello::decode(bytes);
+  } catch (const error& e) {
+    return partition_refusal{source, errc::corrupt_message, who + "'s first message is not a hello: " + e.details(), 0, {}};
   }
-}
-
-/// Whether clone rank `c` and source `s` exchange a hello: where the plan has a group between
-/// them, or (failover) always, since any source may be asked to stand in. Only those: a hello
-/// no source waits for would be left unreceived, for a later transfer on the same tags.
-inline bool hello_between(const partition_groups& groups, std::uint32_t s, std::uint32_t c, bool failover) {
-  if (failover) return true;
-  for (auto gi : groups.sent_by_source(s))
-    if (groups.groups()[gi].clone == c) return true;
-  return false;
+  if (h.clone != clone)
+    return partition_refusal{source, errc::corrupt_message, who + " sent the hello of clone rank " + std::to_string(h.clone), h.plan, {}};
+  if (h.declaration != own.declaration_fingerprint)
+    return partition_refusal{source, errc::layout_mismatch, who + " declares another global layout", h.plan, own.declaration};
+  if (h.plan != own.plan)
+    return partition_refusal{source, errc::plan_mismatch,
+                             "partitioned state: source " + std::to_string(source) + " and " + who +
+                                 " planned different transfers (plan fingerprints differ): every rank must pass the same holdings "
+                                 "of every source and clone rank, and the same group options and alignment",
+                             h.plan, {}};
+  return std::nullopt;
 }
 
 /// A source's messages from the clone ranks, one receive per clone rank on the control tag:
 /// each clone rank's hello first (judged against this source's plan, a refusal sent back on a
-/// difference), then its acknowledgements and failover notices. At most `max_per_poll`
-/// messages per clone rank and call, so a clone rank that floods cannot hold the trainer.
+/// difference), then its acknowledgements and failover notices. Every clone rank sends every
+/// source a hello, and a source is done only once it judged them all, so that no hello is left
+/// unreceived for a later transfer on the same tags. At most `max_per_poll` messages per clone
+/// rank and call, so a clone rank that floods cannot hold the trainer.
 template <class Comm>
 class source_inbox {
  public:
   static constexpr int max_per_poll = 64;
   source_inbox(Comm& c, const roles& ranks, const layout& global, const partition_groups& groups, std::uint32_t source, int control_tag,
-               int reply_tag, std::size_t notice_bytes, bool failover)
+               int reply_tag, std::size_t notice_bytes)
       : comm_(c), clone_ranks_(ranks.clones), terms_(handshake_terms::of(global, groups)), source_(source), reply_tag_(reply_tag),
         state_(clone_ranks_.size(), state::waiting) {
-    const auto bytes = std::max(partition_hello::max_size(terms_.encoded.size()), notice_bytes);
-    for (std::uint32_t c = 0; c < clone_ranks_.size(); ++c) {
-      auto& slot = slots_.emplace_back();
-      if (hello_between(groups, source, c, failover)) slot.post(comm_, clone_ranks_[c], control_tag, bytes);
-    }
+    const auto bytes = std::max(partition_hello::size + 64, notice_bytes);
+    for (auto rank : clone_ranks_) slots_.emplace_back().post(comm_, rank, control_tag, bytes);
   }
   source_inbox(const source_inbox&) = delete;
   source_inbox& operator=(const source_inbox&) = delete;
@@ -180,10 +181,18 @@ class source_inbox {
       for (int taken = 0; taken < max_per_poll; ++taken) {
         auto b = slots_[c].test(comm_);
         if (!b) break;
-        if (state_[c] == state::waiting) admit(c, *b), judged(c);
-        else if (state_[c] == state::admitted) notice(c, *b);
-        slots_[c].repost(comm_);
+        const std::vector<std::byte> message(b->begin(), b->end());
+        slots_[c].repost(comm_);  // first: whatever the callbacks throw, the next message is awaited
+        if (state_[c] == state::waiting) admit(c, message), judged(c);
+        else if (state_[c] == state::admitted) notice(c, message);
       }
+  }
+  /// True once every clone rank's hello was judged (a refusal's send is not waited for: the
+  /// refused clone rank may have given up already).
+  bool settled() const {
+    for (auto st : state_)
+      if (st == state::waiting) return false;
+    return true;
   }
   /// Clone rank `c`'s hello matched this source's plan: it may be sent to.
   bool admitted(std::uint32_t c) const { return state_.at(c) == state::admitted; }
@@ -218,35 +227,39 @@ template <class Comm>
 class clone_handshake {
  public:
   clone_handshake(Comm& c, const roles& ranks, const layout& global, const partition_groups& groups, std::uint32_t clone, int control_tag,
-                  int reply_tag, bool failover)
-      : comm_(c), plan_(groups_fingerprint(groups)) {
-    const auto hello = partition_hello{clone, plan_, global_declaration::of(global).encode()}.encode();
-    for (std::uint32_t s = 0; s < ranks.source_count(); ++s) {
-      if (!hello_between(groups, s, clone, failover)) continue;
-      hellos_.send_owned(comm_, ranks.sources[s], control_tag, hello);
-      slots_.emplace_back().post(comm_, ranks.sources[s], reply_tag, partition_refusal::max_size);
-    }
+                  int reply_tag)
+      : comm_(c), clone_(clone), plan_(groups_fingerprint(groups)), declaration_(global_declaration::of(global)) {
+    const auto hello = partition_hello{clone, plan_, declaration_.fingerprint()}.encode();
+    const auto room = partition_refusal::max_size(declaration_.encode().size());
+    for (auto rank : ranks.sources) slots_.emplace_back().post(comm_, rank, reply_tag, room);  // before any hello
+    for (auto rank : ranks.sources) hellos_.send_owned(comm_, rank, control_tag, hello);
   }
   clone_handshake(const clone_handshake&) = delete;
   clone_handshake& operator=(const clone_handshake&) = delete;
   ~clone_handshake() { cancel(); }
 
-  /// Throws the refusal a source sent, as its error (layout_mismatch, plan_mismatch or
-  /// corrupt_message, naming the difference); a message that is no refusal is dropped.
+  /// Throws the refusal a source sent, as its error (layout_mismatch naming the first
+  /// difference, plan_mismatch or corrupt_message); a message that is no refusal, or the
+  /// refusal of another plan's hello, is dropped (plan 0: a hello the source could not read).
+  /// A message too large to receive here can only be a refusal carrying a declaration far
+  /// larger than this rank's: a layout mismatch too.
   void check() {
-    for (auto& slot : slots_) {
-      auto b = slot.test(comm_);
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+      auto b = slots_[s].test(comm_);
       if (!b) continue;
+      if (b->empty())
+        throw error(errc::layout_mismatch, "partitioned state: source " + std::to_string(s) + " refused clone rank " + std::to_string(clone_) +
+                                               " with a global layout far larger than this rank's");
       std::optional<partition_refusal> f;
       try {
         f = partition_refusal::decode(*b);
       } catch (const error&) {
       }
-      if (!f || f->plan != plan_) {  // garbage, or the refusal of another transfer's hello
-        slot.repost(comm_);
+      if (!f || (f->plan != plan_ && f->plan != 0)) {  // garbage, or the refusal of another transfer's hello
+        slots_[s].repost(comm_);
         continue;
       }
-      throw error(f->code, f->text + " (refused by source " + std::to_string(f->source) + ")");
+      throw f->as_error(declaration_, "clone rank " + std::to_string(clone_));
     }
   }
   void cancel() noexcept {
@@ -256,7 +269,9 @@ class clone_handshake {
 
  private:
   Comm& comm_;
+  std::uint32_t clone_;
   std::uint64_t plan_;
+  global_declaration declaration_;
   outbox<Comm> hellos_;
   std::deque<inbox_slot<Comm>> slots_;  // per source (a deque: posted buffers must not move)
 };
