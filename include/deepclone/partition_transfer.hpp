@@ -437,12 +437,17 @@ class partition_receiver {
     if (clone >= route_.ranks.clone_count())
       throw error(errc::invalid_argument, "partition_receiver: clone rank " + std::to_string(clone) + " of " +
                                               std::to_string(route_.ranks.clone_count()));
-    const auto layers = route_.global.layer_count();
-    detail::check_tags(comm_, route_.tag_base, layers);
+    detail::check_tags(comm_, route_.tag_base, route_.global.layer_count());
+    if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base);
+    try {
+      for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi], 0);
+    } catch (...) {  // a run outside an own tensor: nothing stays posted
+      cancel();
+      throw;
+    }
+    // Last, once this rank can receive everything: the hello admits it at the sources.
     handshake_.emplace(comm_, route_.ranks, route_.global, route_.groups, clone, detail::control_tag(route_.tag_base),
                        detail::refusal_tag(route_.tag_base));
-    if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base);
-    for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi], 0);
   }
   partition_receiver(const partition_receiver&) = delete;
   partition_receiver& operator=(const partition_receiver&) = delete;

@@ -361,11 +361,10 @@ TEST_CASE("partition transfer: tags beyond the communicator's bound are refused 
 }
 
 namespace {
-/// ZeRO-1 N=4 -> M=2 in which clone rank 1 planned with layout `lay1`, clone holdings
+/// Scenario `s` (N=4 -> M=2) in which clone rank 1 planned with layout `lay1`, clone holdings
 /// `dst1` and groups `groups1` of its own. Checks that clone rank 0 gets every byte, clone
 /// rank 1 none, and every source finishes, refusing clone rank 1; returns clone rank 1's error.
-dc::error mismatched_clone(const dc::layout& lay1, const std::vector<dc::holdings>& dst1, const dc::partition_groups& groups1) {
-  const auto s = zero1();
+dc::error mismatched_clone(const scenario& s, const dc::layout& lay1, const std::vector<dc::holdings>& dst1, const dc::partition_groups& groups1) {
   const auto roles = dc::roles::contiguous(4, 2);
   const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), 4, 2);
   const dc::partition_route route{roles, s.lay, groups, tag_base}, route1{roles, lay1, groups1, tag_base};
@@ -413,7 +412,7 @@ TEST_CASE("partition transfer: a clone rank that declares another global layout 
   lay1.add_layer({"fc1", {tensor("weight", {64, 48}), tensor("bias", {64}), tensor("weight.adam_m", {64, 48})}});
   lay1.add_layer({"fc2", {tensor("weight", {48, 64}), tensor("bias", {47}), tensor("weight.adam_m", {48, 64})}});
   const std::vector<dc::holdings> src1(4, dc::holdings::replicated(lay1)), dst1(2, dc::holdings::replicated(lay1));
-  const auto e = mismatched_clone(lay1, dst1, dc::make_partition_groups(dc::make_partition_plan(lay1, src1, dst1), 4, 2));
+  const auto e = mismatched_clone(zero1(), lay1, dst1, dc::make_partition_groups(dc::make_partition_plan(lay1, src1, dst1), 4, 2));
   CHECK(e.kind() == dc::errc::layout_mismatch);
   CHECK(contains(e.what(), "global tensor 4 ('fc2.bias') shape: sources declare [48], clone rank 1 declares [47]"));
   CHECK(contains(e.what(), "refused by source"));
@@ -425,7 +424,7 @@ TEST_CASE("partition transfer: a clone rank that planned with other holdings is 
   src1[3] = src1[2];  // source 3 declared as holding source 2's slot partition: another plan
   for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
     if (is_slot(s.lay.tensor(t).name)) src1[2].of_tensor[t] = uneven_flat(s.lay.tensor(t), 4, 3);
-  const auto e = mismatched_clone(s.lay, s.dst, dc::make_partition_groups(dc::make_partition_plan(s.lay, src1, s.dst), 4, 2));
+  const auto e = mismatched_clone(s, s.lay, s.dst, dc::make_partition_groups(dc::make_partition_plan(s.lay, src1, s.dst), 4, 2));
   CHECK(e.kind() == dc::errc::plan_mismatch);
   CHECK(contains(e.what(), "planned different transfers"));
 }
@@ -436,7 +435,22 @@ TEST_CASE("partition transfer: a clone rank with far more tensors is refused too
   for (int i = 0; i < 200; ++i) many.push_back(tensor("a tensor with a long name, number " + std::to_string(i), {4}));
   lay1.add_layer({"extra", many});
   const std::vector<dc::holdings> src1(4, dc::holdings::replicated(lay1)), dst1(2, dc::holdings::replicated(lay1));
-  const auto e = mismatched_clone(lay1, dst1, dc::make_partition_groups(dc::make_partition_plan(lay1, src1, dst1), 4, 2));
+  const auto e = mismatched_clone(zero1(), lay1, dst1, dc::make_partition_groups(dc::make_partition_plan(lay1, src1, dst1), 4, 2));
   CHECK(e.kind() == dc::errc::layout_mismatch);
   CHECK(contains(e.what(), "tensor count: sources declare 6, clone rank 1 declares 206"));
+}
+
+TEST_CASE("partition transfer: sources whose declaration is too large to attach still refuse a clone rank that planned otherwise") {
+  scenario big{two_layer_model(), {}, {}};
+  std::vector<dc::tensor_desc> many;
+  for (int i = 0; i < 200; ++i) many.push_back(tensor("a tensor with a long name, number " + std::to_string(i), {4}));
+  big.lay.add_layer({"extra", many});
+  big.src.assign(4, dc::holdings::replicated(big.lay));
+  big.dst.assign(2, dc::holdings::replicated(big.lay));
+  const auto small = two_layer_model();
+  const std::vector<dc::holdings> src1(4, dc::holdings::replicated(small)), dst1(2, dc::holdings::replicated(small));
+  const auto e = mismatched_clone(big, small, dst1, dc::make_partition_groups(dc::make_partition_plan(small, src1, dst1), 4, 2));
+  CHECK(e.kind() == dc::errc::layout_mismatch);
+  CHECK(contains(e.what(), "declares another global layout"));
+  CHECK(contains(e.what(), "too large to attach"));
 }

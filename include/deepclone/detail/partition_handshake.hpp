@@ -206,10 +206,20 @@ class source_inbox {
  private:
   enum class state : char { waiting, admitted, refused };
   void admit(std::uint32_t c, std::span<const std::byte> b) {
-    const auto refusal = judge_hello(b, c, terms_, source_);
+    auto refusal = judge_hello(b, c, terms_, source_);
     state_[c] = refusal ? state::refused : state::admitted;
-    if (refusal) replies_.send_owned(comm_, clone_ranks_[c], reply_tag_, refusal->encode());
+    if (!refusal) return;
+    auto bytes = refusal->encode();
+    if (bytes.size() > max_eager_refusal) {  // keep it eager: it must arrive even if this source is gone at once
+      refusal->declaration.clear();
+      refusal->text += " (the sources' declaration, " + std::to_string(terms_.declaration.size()) + " bytes, is too large to attach)";
+      bytes = refusal->encode();
+    }
+    replies_.send_owned(comm_, clone_ranks_[c], reply_tag_, std::move(bytes));
   }
+  /// Below the smallest eager limit of the transports here (4 KiB: inproc, Open MPI's shared
+  /// memory), so a refusal is delivered when sent, whatever the source does next.
+  static constexpr std::size_t max_eager_refusal = 3584;
 
   Comm& comm_;
   std::vector<int> clone_ranks_;
