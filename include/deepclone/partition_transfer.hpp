@@ -26,8 +26,9 @@
 /// (detail/partition_failover.hpp), and a layer counts as sent only once every clone rank
 /// that wants it acknowledged it. Before any byte moves, each clone rank proves to every
 /// source that both planned the same transfer (detail/partition_handshake.hpp). The fork
-/// point is the trainer's to agree on: the live engines do not use this yet. The tags must not overlap those of an engine, or of an earlier transfer whose
-/// messages may still be unreceived (a silent source's notices), on the same communicator.
+/// point is the trainer's to agree on: the live engines do not use this yet. The tags must
+/// not overlap those of an engine, or of an earlier transfer whose messages may still be
+/// unreceived (a silent source's notices), on the same communicator.
 /// Templated on the communicator and the checksum only.
 
 #include <algorithm>
@@ -184,10 +185,8 @@ class partition_sender {
   /// a refusal and that clone rank is served nothing.
   void progress() {
     inbox_->poll([&](std::uint32_t c) { release_held(c); }, [&](std::uint32_t c, std::span<const std::byte> b) { take_notice(c, b); });
-    if (!failover_) return;
-    for (std::uint32_t l = 0; l < sent_.size(); ++l)
-      if (sent_[l])
-        for (const auto& g : failover_->take_ready(l)) send_group(g);
+    if (failover_)
+      for (const auto& g : failover_->take_ready(sent_)) send_group(g);
   }
   /// Clone ranks' notices dropped (undecodable, or asking what this source cannot serve),
   /// and why the last one was.

@@ -183,12 +183,11 @@ class source_failover {
     serve(c, n, released);
     return gone_[c] && !was_gone;
   }
-  /// Replacement groups of layer `l` this source must send now (its own groups of `l` are sent).
-  std::vector<partition_group> take_ready(std::uint32_t l) {
+  /// Replacement groups this source must send now: those of layers it sent its own groups
+  /// of (`sent[l]`), so that they follow them on the layer's tags.
+  std::vector<partition_group> take_ready(const std::vector<char>& sent) {
     std::vector<partition_group> out;
-    for (auto it = pending_.begin(); it != pending_.end();)
-      if (it->layer == l) out.push_back(std::move(*it)), it = pending_.erase(it);
-      else ++it;
+    std::erase_if(pending_, [&](partition_group& g) { return sent[g.layer] && (out.push_back(std::move(g)), true); });
     return out;
   }
   /// True once every clone rank that wants layer `l` acknowledged it or named this source failed.
@@ -197,8 +196,8 @@ class source_failover {
       if (wanted_[l][c] && !acked_[l][c] && !gone_[c]) return false;
     return true;
   }
-  /// Clone rank `c` is served nothing more (its hello was refused): its acknowledgements are
-  /// no longer awaited.
+  /// Clone rank `c` is served nothing more (its hello was refused, or it named this source
+  /// failed): its acknowledgements are no longer awaited.
   void forget(std::uint32_t c) {
     gone_.at(c) = 1;
     std::erase_if(pending_, [&](const partition_group& g) { return g.clone == c; });
@@ -211,11 +210,7 @@ class source_failover {
   /// for: failed sources stay failed, and each notice removes transfers of a failed source
   /// from the ledger, adding transfers of live ones only.
   void serve(std::uint32_t c, const partition_notice& n, const std::vector<char>& released) {
-    if (n.failed[source_]) {  // presumed failed by this clone rank: it expects nothing more from here
-      gone_[c] = 1;
-      std::erase_if(pending_, [&](const partition_group& g) { return g.clone == c; });
-      return;
-    }
+    if (n.failed[source_]) return forget(c);  // presumed failed by this clone rank: it expects nothing more from here
     for (auto l : n.layers)
       if (released[l])
         throw error(errc::invalid_argument, "asks for layer '" + global_.layers()[l].name + "', which this source already released");
@@ -289,8 +284,8 @@ class clone_failover {
     }
     ledger_ = std::move(ledger), failed_ = std::move(now_failed);
     for (const auto& n : notices) notify(n);
-    for (auto s : failed)  // a failed source with nothing lost here still learns it is presumed failed
-      if (notices.empty()) farewells_.send_owned(comm_, source_ranks_[s], tag_, farewell(s).encode(global_.layer_count()));
+    if (notices.empty())  // a failed source with nothing lost here still learns it is presumed failed
+      for (auto s : failed) farewells_.send_owned(comm_, source_ranks_[s], tag_, farewell(s).encode(global_.layer_count()));
     return out;
   }
   bool failed(std::uint32_t s) const { return failed_.at(s) != 0; }
