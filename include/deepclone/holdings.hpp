@@ -213,15 +213,80 @@ inline std::vector<std::vector<byte_run>> source_runs(const layout& l, std::uint
 
 inline std::string bytes_label(std::uint64_t b, std::uint64_t e) { return "bytes [" + std::to_string(b) + ", " + std::to_string(e) + ")"; }
 
+/// Every clone rank's wanted runs of tensor t, and the sorted boundaries of all of them.
+struct wanted_runs {
+  std::vector<std::vector<byte_run>> of_clone;
+  std::vector<std::uint64_t> cuts;
+  wanted_runs(const layout& l, std::uint32_t t, const std::vector<holdings>& clones) {
+    for (std::uint32_t c = 0; c < clones.size(); ++c) {
+      of_clone.push_back(rank_runs(l, t, clones[c].of_tensor[t], "clone rank " + std::to_string(c)));
+      for (const auto& r : of_clone.back()) cuts.push_back(r.global), cuts.push_back(r.global_end());
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  }
+};
+
+/// Sharing (partition_sharing::exchange) of the assigned range `r` of tensor t: cut at every
+/// boundary of the clone ranks' wanted runs, so that each piece has one set W of clone ranks
+/// wanting it; a piece several want is split over W (granule-aligned, rotating the
+/// remainder), each share sent by the source to one member of W, which forwards it to the
+/// others. A piece one clone rank wants goes to it alone.
+inline void share_range(const assigned_range& r, std::uint32_t t, std::uint32_t layer, const std::vector<byte_run>& held,
+                        const wanted_runs& want, std::uint64_t granule_bytes, std::uint64_t& rotate,
+                        std::vector<region_transfer>& transfers, std::vector<region_transfer>& forwards) {
+  std::vector<std::uint64_t> points{r.begin};
+  for (auto it = std::upper_bound(want.cuts.begin(), want.cuts.end(), r.begin); it != want.cuts.end() && *it < r.end; ++it)
+    points.push_back(*it);
+  points.push_back(r.end);
+  for (std::size_t i = 0; i + 1 < points.size(); ++i) {
+    std::vector<std::pair<std::uint32_t, const byte_run*>> wanting;  // W, and each member's run
+    for (std::uint32_t c = 0; c < want.of_clone.size(); ++c)
+      if (const auto* run = run_at(want.of_clone[c], points[i])) wanting.emplace_back(c, run);
+    if (wanting.empty()) continue;
+    const auto shares = split_range(points[i + 1] - points[i], wanting.size(), granule_bytes, rotate);
+    rotate += shares.size();
+    for (std::size_t k = 0; k < shares.size(); ++k) {
+      const auto b = points[i] + shares[k].first, n = shares[k].second;
+      const auto& [first, run] = wanting[(k + rotate) % wanting.size()];
+      const auto* h = run_at(held, b);
+      transfers.push_back({t, layer, b, n, r.source, first, h->local + (b - h->global), run->local + (b - run->global)});
+      for (const auto& [c, other] : wanting)
+        if (c != first) forwards.push_back({t, layer, b, n, first, c, run->local + (b - run->global), other->local + (b - other->global)});
+    }
+  }
+}
+
 }  // namespace detail
+
+/// How clone ranks that want the same bytes get them.
+enum class partition_sharing {
+  /// Each from a source: a source sends such bytes once per clone rank wanting them.
+  none,
+  /// The sources send each byte once, to one of the clone ranks that want it, which forwards
+  /// it to the others (the scatter_exchange of replicated state, per region): a source sends
+  /// its held bytes / replication factor, whatever the number of clone ranks.
+  exchange,
+};
 
 /// The partitioned plan: every byte each clone rank wants, from one source that holds it.
 /// A byte several sources hold (data-parallel replicas) is sent by one of them, the
 /// replicas splitting each such range evenly; all clone ranks that want a byte get it from
-/// the same source. Deterministic: every rank computes the same plan from the same holdings.
+/// the same source, or (partition_sharing::exchange) one of them gets it from that source
+/// and forwards it to the others. Deterministic: every rank computes the same plan from
+/// the same holdings.
 class partition_plan {
  public:
+  /// What the sources send: `source` is a source index.
   const std::vector<region_transfer>& transfers() const noexcept { return transfers_; }
+  /// What clone ranks forward to each other once they verified it (exchange only): `source`
+  /// is the forwarding clone rank's index, `source_offset` the offset in its own tensor.
+  const std::vector<region_transfer>& forwards() const noexcept { return forwards_; }
+  std::uint64_t bytes_forwarded_by_clone(std::uint32_t c) const {
+    std::uint64_t b = 0;
+    for (auto& x : forwards_) b += x.source == c ? x.length : 0;
+    return b;
+  }
   std::uint64_t bytes_sent_by_source(std::uint32_t s) const {
     std::uint64_t b = 0;
     for (auto& x : transfers_) b += x.source == s ? x.length : 0;
@@ -232,8 +297,8 @@ class partition_plan {
     for (auto& x : transfers_) b += x.clone == c ? x.length : 0;
     return b;
   }
-  /// The transfers `keep` accepts, in this plan's order (a failover round replaces part of
-  /// a clone rank's transfers: detail/partition_failover.hpp).
+  /// The transfers `keep` accepts, in this plan's order, without forwards (a failover round
+  /// replaces part of a clone rank's transfers: detail/partition_failover.hpp).
   template <class Keep>
   partition_plan only(Keep keep) const {
     partition_plan p;
@@ -241,26 +306,28 @@ class partition_plan {
       if (keep(x)) p.transfers_.push_back(x);
     return p;
   }
-  /// This plan's transfers, then `more`'s.
+  /// This plan's transfers, then `more`'s, without forwards.
   partition_plan joined(const partition_plan& more) const {
-    partition_plan p = *this;
+    partition_plan p;
+    p.transfers_ = transfers_;
     p.transfers_.insert(p.transfers_.end(), more.transfers_.begin(), more.transfers_.end());
     return p;
   }
   friend partition_plan make_partition_plan(const layout&, const std::vector<holdings>&, const std::vector<holdings>&,
-                                            std::uint64_t);
+                                            std::uint64_t, partition_sharing);
   friend partition_plan make_failover_plan(const layout&, const std::vector<holdings>&, const partition_plan&,
                                            const std::vector<bool>&, std::uint64_t);
 
  private:
-  std::vector<region_transfer> transfers_;
+  std::vector<region_transfer> transfers_, forwards_;
 };
 
 /// Computes the partitioned plan. Throws `errc::invalid_argument` naming the rank, tensor
 /// and bytes for: holdings of another tensor count, a part outside its tensor's shape, a
 /// rank declaring a byte twice, and a byte wanted by a clone rank that no source holds.
 inline partition_plan make_partition_plan(const layout& global, const std::vector<holdings>& sources,
-                                          const std::vector<holdings>& clones, std::uint64_t alignment = 256) {
+                                          const std::vector<holdings>& clones, std::uint64_t alignment = 256,
+                                          partition_sharing sharing = partition_sharing::none) {
   if (sources.empty() || clones.empty()) throw error(errc::invalid_argument, "partitioned state: needs sources and clone ranks");
   auto check_count = [&](const holdings& h, const std::string& who) {
     if (h.of_tensor.size() != global.tensor_count())
@@ -270,7 +337,7 @@ inline partition_plan make_partition_plan(const layout& global, const std::vecto
   for (std::uint32_t s = 0; s < sources.size(); ++s) check_count(sources[s], "source " + std::to_string(s));
   for (std::uint32_t c = 0; c < clones.size(); ++c) check_count(clones[c], "clone rank " + std::to_string(c));
   partition_plan p;
-  std::uint64_t rotate = 0;
+  std::uint64_t rotate = 0, share_rotate = 0;
   for (std::uint32_t t = 0; t < global.tensor_count(); ++t) {
     const auto src = detail::source_runs(global, t, sources);
     auto uncovered = [&](std::uint64_t b, std::uint64_t e) {
@@ -281,6 +348,12 @@ inline partition_plan make_partition_plan(const layout& global, const std::vecto
     const auto ranges = detail::assign_sources(0, global.tensor(t).bytes, src, std::vector<bool>(src.size(), false),
                                                granule(global.tensor(t), alignment), rotate, uncovered);
     const auto layer = static_cast<std::uint32_t>(global.layer_of(t));
+    if (sharing == partition_sharing::exchange) {
+      const detail::wanted_runs want(global, t, clones);
+      for (const auto& r : ranges)
+        detail::share_range(r, t, layer, src[r.source], want, granule(global.tensor(t), alignment), share_rotate, p.transfers_, p.forwards_);
+      continue;
+    }
     for (std::uint32_t c = 0; c < clones.size(); ++c)
       for (auto& want : detail::rank_runs(global, t, clones[c].of_tensor[t], "clone rank " + std::to_string(c))) {
         // The assigned ranges overlapping this wanted run (ranges are sorted and disjoint).

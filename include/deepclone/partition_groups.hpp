@@ -60,10 +60,13 @@ struct partition_message {
 
 /// What one source sends one clone rank of one layer, as messages (direct ones first, in
 /// tensor and global byte order, then the packed ones).
+/// A forwarded group (partition_sharing::exchange) is what clone rank `source` forwards
+/// clone rank `clone`: its runs' `source_offset`s lie in the forwarding clone rank's tensors.
 struct partition_group {
   std::uint32_t layer = 0, source = 0, clone = 0;
   std::vector<partition_message> messages;
   std::uint64_t bytes = 0;
+  bool forwarded = false;  ///< from clone rank `source`, not from a source
 };
 
 class partition_groups {
@@ -80,12 +83,23 @@ class partition_groups {
     for (auto g : by_source_.at(s)) n += groups_[g].messages.size();
     return n;
   }
+  /// The plan's forwards between clone ranks (partition_sharing::exchange), grouped alike
+  /// per (layer, forwarding clone rank, receiving clone rank); indices into forwards() that
+  /// clone rank `c` forwards / receives forwarded.
+  const std::vector<partition_group>& forwards() const noexcept { return forwards_; }
+  std::span<const std::uint32_t> forwarded_by_clone(std::uint32_t c) const { return forwarded_by_.at(c); }
+  std::span<const std::uint32_t> forwarded_to_clone(std::uint32_t c) const { return forwarded_to_.at(c); }
+  std::uint64_t bytes_forwarded_by_clone(std::uint32_t c) const {
+    std::uint64_t n = 0;
+    for (auto g : forwarded_by_.at(c)) n += forwards_[g].bytes;
+    return n;
+  }
   friend partition_groups make_partition_groups(const partition_plan&, std::uint32_t, std::uint32_t,
                                                 const partition_group_options&);
 
  private:
-  std::vector<partition_group> groups_;
-  std::vector<std::vector<std::uint32_t>> by_source_, by_clone_;
+  std::vector<partition_group> groups_, forwards_;
+  std::vector<std::vector<std::uint32_t>> by_source_, by_clone_, forwarded_by_, forwarded_to_;
   std::vector<std::uint64_t> source_bytes_, clone_bytes_;
 };
 
@@ -120,36 +134,58 @@ inline std::vector<partition_message> group_messages(const std::vector<region_tr
 
 }  // namespace detail
 
-/// Groups the plan's transfers for `sources` sources and `clones` clone ranks. Throws
-/// `errc::invalid_argument` for a transfer naming a source or clone rank outside those
-/// counts, or options that could not cut a message (a zero message limit).
-inline partition_groups make_partition_groups(const partition_plan& plan, std::uint32_t sources, std::uint32_t clones,
-                                              const partition_group_options& opt = {}) {
-  if (opt.max_message_bytes == 0) throw error(errc::invalid_argument, "partition groups: max_message_bytes must be above 0");
-  auto runs = plan.transfers();
-  for (const auto& r : runs)
-    if (r.source >= sources || r.clone >= clones)
-      throw error(errc::invalid_argument, "partition groups: a transfer of tensor " + std::to_string(r.tensor) + " names source " +
-                                              std::to_string(r.source) + " and clone rank " + std::to_string(r.clone) + " of " +
-                                              std::to_string(sources) + " and " + std::to_string(clones));
+namespace detail {
+
+/// `runs` grouped per (layer, from, to) in that order, each group's runs in (tensor, global
+/// byte) order and cut into messages; `add(group)` receives each.
+template <class Add>
+void group_runs(std::vector<region_transfer> runs, const partition_group_options& opt, bool forwarded, Add add) {
   auto key = [](const region_transfer& r) { return std::tie(r.layer, r.source, r.clone, r.tensor, r.global); };
   std::sort(runs.begin(), runs.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
-  partition_groups out;
-  out.by_source_.resize(sources), out.by_clone_.resize(clones);
-  out.source_bytes_.assign(sources, 0), out.clone_bytes_.assign(clones, 0);
+  auto pair = [](const region_transfer& r) { return std::tie(r.layer, r.source, r.clone); };
   for (std::size_t i = 0; i < runs.size();) {
     std::size_t j = i;
     std::uint64_t bytes = 0;
-    for (; j < runs.size() && std::tie(runs[j].layer, runs[j].source, runs[j].clone) ==
-                                  std::tie(runs[i].layer, runs[i].source, runs[i].clone); ++j)
-      bytes += runs[j].length;
-    const auto g = static_cast<std::uint32_t>(out.groups_.size());
-    out.groups_.push_back({runs[i].layer, runs[i].source, runs[i].clone,
-                           detail::group_messages({runs.begin() + static_cast<std::ptrdiff_t>(i), runs.begin() + static_cast<std::ptrdiff_t>(j)}, opt), bytes});
-    out.by_source_[runs[i].source].push_back(g), out.by_clone_[runs[i].clone].push_back(g);
-    out.source_bytes_[runs[i].source] += bytes, out.clone_bytes_[runs[i].clone] += bytes;
+    for (; j < runs.size() && pair(runs[j]) == pair(runs[i]); ++j) bytes += runs[j].length;
+    const auto first = runs.begin() + static_cast<std::ptrdiff_t>(i), last = runs.begin() + static_cast<std::ptrdiff_t>(j);
+    add(partition_group{runs[i].layer, runs[i].source, runs[i].clone, group_messages({first, last}, opt), bytes, forwarded});
     i = j;
   }
+}
+
+/// Refuses a run naming a sender or receiver outside the counts.
+inline void check_ends(const std::vector<region_transfer>& runs, std::uint32_t senders, std::uint32_t clones, const char* from) {
+  for (const auto& r : runs)
+    if (r.source >= senders || r.clone >= clones)
+      throw error(errc::invalid_argument, "partition groups: a transfer of tensor " + std::to_string(r.tensor) + " names " + from +
+                                              " " + std::to_string(r.source) + " and clone rank " + std::to_string(r.clone) + " of " +
+                                              std::to_string(senders) + " and " + std::to_string(clones));
+}
+
+}  // namespace detail
+
+/// Groups the plan's transfers for `sources` sources and `clones` clone ranks (and its
+/// forwards alike). Throws `errc::invalid_argument` for a transfer naming a source or clone
+/// rank outside those counts, or options that could not cut a message (a zero message limit).
+inline partition_groups make_partition_groups(const partition_plan& plan, std::uint32_t sources, std::uint32_t clones,
+                                              const partition_group_options& opt = {}) {
+  if (opt.max_message_bytes == 0) throw error(errc::invalid_argument, "partition groups: max_message_bytes must be above 0");
+  detail::check_ends(plan.transfers(), sources, clones, "source");
+  detail::check_ends(plan.forwards(), clones, clones, "forwarding clone rank");
+  partition_groups out;
+  out.by_source_.resize(sources), out.by_clone_.resize(clones), out.forwarded_by_.resize(clones), out.forwarded_to_.resize(clones);
+  out.source_bytes_.assign(sources, 0), out.clone_bytes_.assign(clones, 0);
+  detail::group_runs(plan.transfers(), opt, false, [&](partition_group&& g) {
+    const auto i = static_cast<std::uint32_t>(out.groups_.size());
+    out.by_source_[g.source].push_back(i), out.by_clone_[g.clone].push_back(i);
+    out.source_bytes_[g.source] += g.bytes, out.clone_bytes_[g.clone] += g.bytes;
+    out.groups_.push_back(std::move(g));
+  });
+  detail::group_runs(plan.forwards(), opt, true, [&](partition_group&& g) {
+    const auto i = static_cast<std::uint32_t>(out.forwards_.size());
+    out.forwarded_by_[g.source].push_back(i), out.forwarded_to_[g.clone].push_back(i);
+    out.forwards_.push_back(std::move(g));
+  });
   return out;
 }
 

@@ -45,6 +45,7 @@
 #include "checksum.hpp"
 #include "communicator.hpp"
 #include "detail/bytes.hpp"
+#include "detail/group_sender.hpp"
 #include "detail/outbox.hpp"
 #include "detail/partition_failover.hpp"
 #include "detail/partition_handshake.hpp"
@@ -57,59 +58,10 @@ namespace deepclone {
 
 namespace detail {
 
-/// How many checksums group `g` carries: one per message, one per run of a gathered one.
-inline std::size_t sum_count(const partition_group& g) {
-  std::size_t n = 0;
-  for (const auto& m : g.messages) n += m.sum_count();
-  return n;
-}
-
-/// The spans message `m`'s checksums cover, given its bytes laid out contiguously: one per
-/// run of a gathered message, else the whole (the rule `sum_count` counts).
-template <class Byte>
-std::vector<std::span<Byte>> checksummed_parts(const partition_message& m, std::span<Byte> contiguous) {
-  return m.gather ? packed_runs(m, contiguous) : std::vector<std::span<Byte>>{contiguous};
-}
-
-/// Whether message `m` travels gathered on `Comm` (without packing), or contiguously.
-template <class Comm>
-bool gathers(const partition_message& m) {
-  return gathering_communicator<Comm> && m.gather;
-}
-
-/// One group's checksums in message order (one per run of a gathered message), naming the
-/// group they belong to.
-struct partition_sums {
-  static constexpr std::uint32_t magic = 0x50534D31;  // "PSM1"
-  std::uint32_t layer = 0, source = 0, clone = 0;
-  std::vector<std::uint64_t> sums;
-  static std::size_t size_for(std::size_t messages) { return 5 * 4 + 8 * messages + 8; }
-  std::vector<std::byte> encode() const {
-    writer w;
-    w.u32(magic), w.u32(layer), w.u32(source), w.u32(clone), w.u32(static_cast<std::uint32_t>(sums.size()));
-    for (auto s : sums) w.u64(s);
-    return seal(w);
-  }
-  /// Refuses (errc::corrupt_message) anything but the sums of `g`: another group, another
-  /// message count, a broken seal.
-  static partition_sums decode_for(std::span<const std::byte> b, const partition_group& g) {
-    reader r(unseal(b, "partition checksums"), "partition checksums");
-    if (r.u32() != magic) r.fail("bad magic word");
-    partition_sums m;
-    m.layer = r.u32(), m.source = r.u32(), m.clone = r.u32();
-    if (m.layer != g.layer || m.source != g.source || m.clone != g.clone) r.fail("the sums of another group");
-    const auto n = sum_count(g);
-    if (r.u32() != n) r.fail("a checksum count other than the group's " + std::to_string(n));
-    for (std::size_t i = 0; i < n; ++i) m.sums.push_back(r.u64());
-    r.expect_end();
-    return m;
-  }
-};
-
 /// "layer 1 from source 0 to clone rank 2": how errors name a group.
 inline std::string group_label(const layout& global, const partition_group& g) {
-  return "layer '" + global.layers().at(g.layer).name + "' from source " + std::to_string(g.source) + " to clone rank " +
-         std::to_string(g.clone);
+  return "layer '" + global.layers().at(g.layer).name + "' from " + (g.forwarded ? "clone rank " : "source ") + std::to_string(g.source) +
+         " to clone rank " + std::to_string(g.clone);
 }
 
 /// Throws `errc::unsupported` when a transfer of `layers` layers needs tags beyond the
@@ -121,9 +73,6 @@ void check_tags(const Comm& c, int tag_base, std::size_t layers) {
     throw error(errc::unsupported, "partitioned transfer: " + std::to_string(layers) + " layers need tags " + std::to_string(tag_base) +
                                        " to " + std::to_string(last) + "; the communicator allows 0 to " + std::to_string(max_tag_of(c)));
 }
-/// The tags of layer `l`: data at tag_base + 2 + 2l, sums one more (check_tags first).
-inline int partition_tag(int tag_base, std::uint32_t l, bool sums) { return tag_base + 2 + 2 * static_cast<int>(l) + (sums ? 1 : 0); }
-
 }  // namespace detail
 
 /// Where a transfer runs: the communicator's roles, the global layout, the groups every
@@ -146,8 +95,8 @@ template <class Comm, class Checksum = checksum::mix64>
 class partition_sender {
  public:
   partition_sender(Comm& c, partition_route route, std::uint32_t source, std::span<const std::span<const std::byte>> tensors)
-      : comm_(c), route_(route), source_(source), tensors_(tensors.begin(), tensors.end()), requests_(route_.global.layer_count()),
-        sent_(route_.global.layer_count(), 0), released_(route_.global.layer_count(), 0) {
+      : comm_(c), route_(route), source_(source), out_(c, route_.global, route_.tag_base, tensors), sent_(route_.global.layer_count(), 0),
+        released_(route_.global.layer_count(), 0) {
     if (source >= route_.ranks.source_count())
       throw error(errc::invalid_argument, "partition_sender: source " + std::to_string(source) + " of " +
                                               std::to_string(route_.ranks.source_count()));
@@ -201,7 +150,7 @@ class partition_sender {
   /// (with failover: and every layer was acknowledged by every clone rank that wants it).
   bool done() {
     progress();
-    for (std::uint32_t l = 0; l < requests_.size(); ++l)
+    for (std::uint32_t l = 0; l < sent_.size(); ++l)
       if (!layer_complete(l)) return false;
     return inbox_->settled();
   }
@@ -210,8 +159,8 @@ class partition_sender {
   /// overwrite the layer (a live fork's window rule: the sources train on while the bytes
   /// move, and wait only before updating a layer still in flight).
   bool layer_sent(std::uint32_t l) {
-    if (l >= requests_.size())
-      throw error(errc::invalid_argument, "partition_sender: layer " + std::to_string(l) + " of " + std::to_string(requests_.size()));
+    if (l >= sent_.size())
+      throw error(errc::invalid_argument, "partition_sender: layer " + std::to_string(l) + " of " + std::to_string(sent_.size()));
     progress();
     return layer_complete(l);
   }
@@ -227,9 +176,8 @@ class partition_sender {
   /// the packed buffers of the sends still pending outlive the sender
   /// (detail::retained_buffers); none is reused.
   void cancel() noexcept {
-    withdraw_sends([](std::uint32_t) { return true; });
+    out_.cancel();
     if (inbox_) inbox_->cancel();
-    lent_.clear();
     held_.clear();
   }
 
@@ -243,31 +191,6 @@ class partition_sender {
         throw error(errc::timeout, "partitioned transfer: source " + std::to_string(source_) + "'s " + what + " did not complete in time");
       idle.idle(until);
     }
-  }
-  /// Withdraws the pending sends to the clone ranks `to(c)` accepts. Where the transport cannot
-  /// withdraw sends, their packed buffers outlive the sender (detail::retained_buffers) and
-  /// are not reused.
-  template <class To>
-  void withdraw_sends(To to) noexcept {
-    auto clone_of = [&](const lent& b) { return requests_[b.layer][b.request].clone; };
-    for (auto& b : lent_) b.pending = to(clone_of(b)) && !completed(requests_[b.layer][b.request].request);
-    for (auto& layer : requests_)
-      for (auto& r : layer) {
-        try {
-          if (to(r.clone)) comm_.cancel(r.request);
-        } catch (...) {
-        }
-      }
-    if constexpr (!detail::withdraws_sends<Comm>)
-      for (auto& b : lent_) {
-        if (!b.pending) continue;
-        try {
-          detail::retained_buffers::get().keep(std::move(b.bytes));
-        } catch (...) {  // out of memory: leak the buffer rather than free it under a send
-          (void)new (std::nothrow) std::vector<std::byte>(std::move(b.bytes));
-        }
-        b.bytes = {}, b.pending = false;
-      }
   }
   /// Clone rank `c`'s hello was judged: the groups held for it leave now (admitted) or never
   /// (refused: with failover, its acknowledgements are no longer awaited either). A group
@@ -289,7 +212,7 @@ class partition_sender {
   void take_notice(std::uint32_t c, std::span<const std::byte> b) {
     try {
       if (!failover_) throw error(errc::invalid_argument, "a notice, but this transfer has no failover");
-      if (failover_->take(c, b, released_)) withdraw_sends([c](std::uint32_t to) { return to == c; });
+      if (failover_->take(c, b, released_)) out_.withdraw([c](std::uint32_t to) { return to == c; });
     } catch (const std::exception& e) {  // a clone rank's garbage, or a request no live source can serve
       ++refused_notices_;
       last_refusal_ = "clone rank " + std::to_string(c) + ": " + e.what();
@@ -300,123 +223,17 @@ class partition_sender {
   bool layer_complete(std::uint32_t l) {
     for (const auto* g : held_)
       if (g->layer == l) return false;
-    for (auto& r : requests_[l])
-      if (!comm_.test(r.request) && !(failover_ && failover_->gone(r.clone))) return false;
+    if (!out_.layer_done(l, [&](std::uint32_t c) { return failover_ && failover_->gone(c); })) return false;
     if (failover_ && !failover_->acknowledged(l)) return false;
     released_[l] = 1;
     return true;
   }
-  /// A posted send, and the clone rank it goes to.
-  struct posted {
-    typename Comm::request_type request;
-    std::uint32_t clone = 0;
-  };
-  /// One message ready to go: its bytes (direct or packed), or its runs (gathered).
-  struct outgoing {
-    std::span<const std::byte> bytes;
-    std::vector<std::span<const std::byte>> runs;
-    std::vector<std::byte> packed;  ///< the packed copy `bytes` points into, if packed
-  };
-  /// A buffer a send reads: kept until requests_[layer][request] completes.
-  struct lent {
-    std::uint32_t layer = 0;
-    std::size_t request = 0;
-    std::vector<std::byte> bytes;
-    bool packed = false;   ///< a packed message's (reused), else a group's sums
-    bool pending = false;  ///< still in flight when cancel() began
-  };
-  /// Packed buffers kept for reuse once their sends completed: a fresh page costs far more to
-  /// touch than a copy into one already mapped (docs/performance.md, "Packed buffers are
-  /// reused").
-  static constexpr std::size_t max_spare_buffers = 32;
-
-  void send_group(const partition_group& g) {
-    const int data = detail::partition_tag(route_.tag_base, g.layer, false);
-    const int to = route_.ranks.clones.at(g.clone);
-    detail::partition_sums sums{g.layer, g.source, g.clone, {}};
-    std::vector<outgoing> out;
-    for (const auto& m : g.messages) out.push_back(prepare(m, sums.sums));  // all checked and packed before any send
-    auto& requests = requests_.at(g.layer);
-    for (auto& o : out) {
-      if (o.packed.empty())
-        requests.push_back({post(to, data, o), g.clone});
-      else
-        post_lent(g, std::move(o.packed), true, [&] { return post(to, data, o); });  // o.bytes stay put
-    }
-    auto encoded = sums.encode();
-    const std::span<const std::byte> sums_bytes(encoded);
-    post_lent(g, std::move(encoded), false, [&] { return comm_.isend(to, data + 1, sums_bytes); });
-  }
-  typename Comm::request_type post(int to, int tag, const outgoing& o) {
-    if constexpr (gathering_communicator<Comm>)
-      if (!o.runs.empty()) return comm_.isend_gather(to, tag, o.runs);
-    return comm_.isend(to, tag, o.bytes);
-  }
-  /// Posts the send `send()` of a buffer the sender owns: the buffer is in lent_ before the
-  /// send reads it (its bytes do not move with it), and leaves again if the send fails.
-  template <class Send>
-  void post_lent(const partition_group& g, std::vector<std::byte>&& bytes, bool packed, Send send) {
-    auto& requests = requests_.at(g.layer);
-    lent_.push_back({g.layer, requests.size(), std::move(bytes), packed});
-    try {
-      requests.push_back({send(), g.clone});
-    } catch (...) {
-      lent_.pop_back();
-      throw;
-    }
-  }
-  /// Checks (and packs, unless it is gathered) message `m`; appends its checksums to `sums`.
-  outgoing prepare(const partition_message& m, std::vector<std::uint64_t>& sums) {
-    outgoing o;
-    if (detail::gathers<Comm>(m)) {
-      for (const auto& r : m.runs) o.runs.push_back(source_run(route_.global, r, tensors_));
-    } else if (m.packed) {
-      o.packed = take_buffer(static_cast<std::size_t>(m.bytes));
-      pack(route_.global, m.runs, tensors_, o.packed);
-      o.bytes = o.packed;
-    } else {
-      o.bytes = source_run(route_.global, m.runs.front(), tensors_);
-    }
-    for (auto p : !o.runs.empty() ? o.runs : detail::checksummed_parts(m, o.bytes)) sums.push_back(Checksum::compute(p));
-    return o;
-  }
-  /// A buffer of `n` bytes: the smallest spare one large enough, else a new one.
-  std::vector<std::byte> take_buffer(std::size_t n) {
-    recycle();
-    auto fit = spare_.end();
-    for (auto it = spare_.begin(); it != spare_.end(); ++it)
-      if (it->capacity() >= n && (fit == spare_.end() || it->capacity() < fit->capacity())) fit = it;
-    if (fit == spare_.end()) return std::vector<std::byte>(n);
-    auto b = std::move(*fit);
-    spare_.erase(fit);
-    b.resize(n);
-    return b;
-  }
-  /// Moves the packed buffers of the oldest sends that completed to the spares (sends
-  /// complete roughly in the order posted; one still pending holds back the ones behind it).
-  void recycle() {
-    while (!lent_.empty() && completed(requests_[lent_.front().layer][lent_.front().request].request)) {
-      if (lent_.front().packed && lent_.front().bytes.capacity() > 0 && spare_.size() < max_spare_buffers)
-        spare_.push_back(std::move(lent_.front().bytes));
-      lent_.pop_front();
-    }
-  }
-  /// Whether send `r` completed; a failed one counts as pending here (wait() reports it).
-  bool completed(typename Comm::request_type& r) noexcept {
-    try {
-      return comm_.test(r).has_value();
-    } catch (...) {
-      return false;
-    }
-  }
+  void send_group(const partition_group& g) { out_.send(g, route_.ranks.clones.at(g.clone)); }
 
   Comm& comm_;
   partition_route route_;
   std::uint32_t source_;
-  std::vector<std::span<const std::byte>> tensors_;
-  std::vector<std::deque<posted>> requests_;   // per layer
-  std::deque<lent> lent_;                     // packed messages and sums, alive until their sends complete
-  std::vector<std::vector<std::byte>> spare_;  // buffers of completed sends, for reuse
+  detail::group_sender<Comm, Checksum> out_;
   std::vector<char> sent_, released_;          // per layer: send_layer called; reported sent (may be overwritten)
   std::vector<const partition_group*> held_;   // groups to clone ranks whose hello has not come yet
   std::optional<detail::source_failover> failover_;
@@ -432,7 +249,7 @@ class partition_receiver {
  public:
   partition_receiver(Comm& c, partition_route route, std::uint32_t clone, std::span<const std::span<std::byte>> tensors)
       : comm_(c), route_(route), clone_(clone), tensors_(tensors.begin(), tensors.end()), unverified_(route_.global.layer_count(), 0),
-        quiet_since_(route_.ranks.source_count(), detail::clock::now()) {
+        from_sources_(unverified_), forwarded_(route_.global.layer_count(), 0), quiet_since_(route_.ranks.source_count(), detail::clock::now()) {
     if (clone >= route_.ranks.clone_count())
       throw error(errc::invalid_argument, "partition_receiver: clone rank " + std::to_string(clone) + " of " +
                                               std::to_string(route_.ranks.clone_count()));
@@ -440,6 +257,11 @@ class partition_receiver {
     if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base);
     try {
       for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi], 0);
+      for (auto gi : route_.groups.forwarded_to_clone(clone_)) post_group(route_.groups.forwards()[gi], 0);
+      if (!route_.groups.forwarded_by_clone(clone_).empty()) {
+        const std::vector<std::span<const std::byte>> own(tensors_.begin(), tensors_.end());
+        forward_.emplace(comm_, route_.global, route_.tag_base, own);
+      }
     } catch (...) {  // a run outside an own tensor: nothing stays posted
       cancel();
       throw;
@@ -453,15 +275,18 @@ class partition_receiver {
   ~partition_receiver() { cancel(); }
 
   /// Tests the receives; a group whose messages and sums all arrived is verified and
-  /// unpacked. True once every group is. Throws errc::corrupt_message naming the group and
-  /// the tensor of a message whose bytes fail their checksum (nothing of a packed message
-  /// is unpacked then).
+  /// unpacked. With partition_sharing::exchange, forwards each layer's share to the other
+  /// clone ranks once every group of that layer from the sources is verified. True once
+  /// every group is, and every forward was received. Throws errc::corrupt_message naming
+  /// the group and the tensor of a message whose bytes fail their checksum (nothing of a
+  /// packed message is unpacked then).
   bool progress() {
     handshake_->check();
     bool all = true;
     for (auto& in : incoming_) all = (in.replaced || settle(in)) && all;
     if (!corrupt_.empty()) ask_again_elsewhere();
-    return all && (!failover_ || failover_->flushed());  // the sources wait for the acknowledgements
+    forward_verified();
+    return all && forwards_done() && (!failover_ || failover_->flushed());  // the sources wait for the acknowledgements
   }
   /// True once every group of layer `l` arrived and was verified.
   bool layer_done(std::uint32_t l) const { return unverified_.at(l) == 0; }
@@ -486,7 +311,7 @@ class partition_receiver {
     std::vector<incoming*> lost;
     std::vector<detail::lost_group> lost_groups;
     for (auto& in : incoming_)
-      if (!in.verified && !in.replaced && named(newly, in.group->source)) {
+      if (!in.verified && !in.replaced && !in.group->forwarded && named(newly, in.group->source)) {
         lost.push_back(&in);
         lost_groups.push_back({in.group->source, in.round, in.group->layer});
       }
@@ -494,7 +319,7 @@ class partition_receiver {
     for (auto* in : lost) {
       withdraw(*in);
       in->replaced = true;
-      --unverified_[in->group->layer];
+      --unverified_[in->group->layer], --from_sources_[in->group->layer];
     }
     for (auto& r : more) {
       const auto& kept = replacements_.emplace_back(std::move(r.groups));
@@ -520,6 +345,7 @@ class partition_receiver {
   /// Withdraws every pending receive: afterwards nothing more is written into the tensors.
   void cancel() noexcept {
     for (auto& in : incoming_) withdraw(in);
+    if (forward_) forward_->cancel();
     if (handshake_) handshake_->cancel();
   }
 
@@ -540,15 +366,19 @@ class partition_receiver {
     }
   };
 
-  /// Posts every receive of group `g` (of ledger round `round`: 0 for the plan's groups).
+  /// Posts every receive of group `g` (of ledger round `round`: 0 for the plan's groups), from
+  /// a source or, forwarded, from another clone rank.
   void post_group(const partition_group& g, std::uint32_t round) {
     const int data = detail::partition_tag(route_.tag_base, g.layer, false);
-    const int from = route_.ranks.sources.at(g.source);
+    const int from = g.forwarded ? route_.ranks.clones.at(g.source) : route_.ranks.sources.at(g.source);
     auto& in = incoming_.emplace_back();
     in.group = &g;
     in.round = round;
     ++unverified_.at(g.layer);
-    quiet_since_.at(g.source) = detail::clock::now();  // asked for more: silence counts from now
+    if (!g.forwarded) {
+      ++from_sources_.at(g.layer);
+      quiet_since_.at(g.source) = detail::clock::now();  // asked for more: silence counts from now
+    }
     for (const auto& m : g.messages) {
       const bool buffered = m.packed && !detail::gathers<Comm>(m);
       auto& buf = in.packed.emplace_back(buffered ? static_cast<std::size_t>(m.bytes) : 0);
@@ -571,7 +401,7 @@ class partition_receiver {
     bool arrived = sums_bytes.has_value();
     for (auto& r : in.data) arrived = comm_.test(r).has_value() && arrived;
     if (!arrived) return false;
-    if (!failover_) return accept(in, *sums_bytes);
+    if (!failover_ || in.group->forwarded) return accept(in, *sums_bytes);  // a forward has no other sender
     try {
       return accept(in, *sums_bytes);
     } catch (const error& e) {  // with failover, the group comes again from another holder (progress)
@@ -609,9 +439,34 @@ class partition_receiver {
   }
   /// Group `g` verified: notes its source alive, and acknowledges its layer once complete.
   void delivered(const partition_group& g) {
-    quiet_since_[g.source] = detail::clock::now();
-    any_delivered_ = true;
+    if (!g.forwarded) {
+      quiet_since_[g.source] = detail::clock::now();
+      any_delivered_ = true;
+      --from_sources_[g.layer];
+    }
     if (--unverified_[g.layer] == 0 && failover_) failover_->acknowledge(g.layer);
+  }
+  /// partition_sharing::exchange: forwards this rank's share of each layer to the other clone
+  /// ranks wanting it, once every group of that layer from the sources is verified (what it
+  /// forwards is a part of those).
+  void forward_verified() {
+    if (!forward_) return;
+    for (auto gi : route_.groups.forwarded_by_clone(clone_)) {
+      const auto& g = route_.groups.forwards()[gi];
+      if (from_sources_[g.layer] != 0 || forwarded_[g.layer] == 2) continue;
+      forwarded_[g.layer] = 1;
+      forward_->send(g, route_.ranks.clones.at(g.clone));
+    }
+    for (auto& f : forwarded_) f = f ? 2 : 0;  // a layer's forwards all sent
+  }
+  /// True once every forward of this rank was sent and received.
+  bool forwards_done() {
+    if (!forward_) return true;
+    for (auto gi : route_.groups.forwarded_by_clone(clone_))
+      if (!forwarded_[route_.groups.forwards()[gi].layer]) return false;
+    for (std::uint32_t l = 0; l < forwarded_.size(); ++l)
+      if (!forward_->layer_done(l, [](std::uint32_t) { return false; })) return false;
+    return true;
   }
   /// Withdraws the receives of group `in` (cancel, or its source failed).
   void withdraw(incoming& in) noexcept {
@@ -630,7 +485,7 @@ class partition_receiver {
     std::vector<std::uint32_t> silent;
     for (const auto& in : incoming_) {
       const auto s = in.group->source;
-      if (!in.verified && !in.replaced && now - quiet_since_[s] > route_.failover->presume_failed_after &&
+      if (!in.verified && !in.replaced && !in.group->forwarded && now - quiet_since_[s] > route_.failover->presume_failed_after &&
           std::find(silent.begin(), silent.end(), s) == silent.end())
         silent.push_back(s);
     }
@@ -659,9 +514,10 @@ class partition_receiver {
     for (const auto& r : m.runs) out.push_back(clone_run(route_.global, r, tensors_));
     return out;
   }
-  std::string missing() const {
+  std::string missing() {
     for (const auto& in : incoming_)
       if (!in.verified && !in.replaced) return detail::group_label(route_.global, *in.group);
+    if (!forwards_done()) return "forwards of clone rank " + std::to_string(clone_) + " to the other clone ranks";
     return failover_ ? "acknowledgements to the sources" : "nothing";
   }
 
@@ -671,6 +527,8 @@ class partition_receiver {
   std::vector<std::span<std::byte>> tensors_;
   std::deque<incoming> incoming_;  // a deque: receives write into its elements' buffers, which must not move
   std::vector<std::uint32_t> unverified_;                    // per layer: groups not verified nor replaced
+  std::vector<std::uint32_t> from_sources_;                  // per layer: of those, groups from sources (not forwarded)
+  std::vector<char> forwarded_;                              // per layer: this rank's forwards sent (2: before this progress)
   std::vector<detail::clock::time_point> quiet_since_;       // per source: its last group verified or posted
   bool any_delivered_ = false;
   struct corrupt_group {
@@ -681,6 +539,7 @@ class partition_receiver {
   std::deque<partition_groups> replacements_;                // failovers' groups (a deque: incoming_ points into them)
   std::optional<detail::clone_handshake<Comm>> handshake_;   // before failover_: the hello leaves first on the control tag
   std::optional<detail::clone_failover<Comm>> failover_;
+  std::optional<detail::group_sender<Comm, Checksum>> forward_;  // partition_sharing::exchange: this rank's forwards
 };
 
 }  // namespace deepclone

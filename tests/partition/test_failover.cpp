@@ -61,10 +61,10 @@ void run_source(comm_t& c, const dc::partition_route& route, std::uint32_t i, st
 }
 
 outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chrono::nanoseconds presume, std::chrono::nanoseconds timeout = 20s,
-            std::vector<dc::fault::rule> faults = {}) {
+            std::vector<dc::fault::rule> faults = {}, dc::partition_sharing sharing = dc::partition_sharing::none) {
   const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
   const auto roles = dc::roles::contiguous(n, m);
-  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst, 256, sharing);
   const dc::partition_group_options opt{16, 256};
   const auto groups = dc::make_partition_groups(plan, n, m, opt);
   const dc::partition_failover failover{s.src, plan, opt, 256, presume};
@@ -376,4 +376,14 @@ TEST_CASE("partition failover: a source named failed withdraws its sends to that
   CHECK_FALSE(c2.test(late));
   c2.cancel(late);
   for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, d, t));
+}
+
+TEST_CASE("partition failover with sharing: a silent or dying source's share comes from its twin, and the clone rank forwards it") {
+  const auto s = tp2_dp2();  // three clone ranks wanting everything: each gets a third from the sources, the rest forwarded
+  for (std::uint32_t lost = 0; lost < 4; ++lost) {
+    CAPTURE(lost);
+    std::vector fates(4, source_fate::live);
+    fates[lost] = lost % 2 ? source_fate::silent : source_fate::dies_after_one_layer;
+    check_all_exact(s, run(s, fates, 300ms, 20s, {}, dc::partition_sharing::exchange));
+  }
 }

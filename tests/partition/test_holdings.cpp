@@ -57,6 +57,7 @@ void check_transfers(const std::vector<dc::region_transfer>& transfers, const dc
 void check_plan(const dc::partition_plan& p, const dc::layout& lay, const std::vector<dc::holdings>& src,
                 const std::vector<dc::holdings>& dst) {
   check_transfers(p.transfers(), lay, src, dst);
+  CHECK(p.forwards().empty());  // partition_sharing::none
 }
 
 /// The failover plan keeps every transfer of a live source as it was, sends nothing from a
@@ -292,5 +293,93 @@ TEST_CASE("partition: randomised holdings on both sides, every wanted byte exact
     CAPTURE(round);
     const auto [lay, src, dst] = random_scenario(pick);
     check_plan(dc::make_partition_plan(lay, src, dst, 1 + pick(8)), lay, src, dst);
+  }
+}
+
+namespace {
+
+/// partition_sharing::exchange: the sources send every byte that any clone rank wants once
+/// (to one of the clone ranks wanting it, from a source holding it there); each clone rank
+/// gets every byte it wants exactly once, from a source or forwarded by a clone rank that
+/// got it from a source (no chains), each read and written where the holdings put it.
+void check_shared(const dc::partition_plan& p, const dc::layout& lay, const std::vector<dc::holdings>& src,
+                  const std::vector<dc::holdings>& dst) {
+  for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
+    CAPTURE(lay.tensor(t).name);
+    std::vector<byte_map> held, wanted;
+    for (auto& h : src) held.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
+    for (auto& h : dst) wanted.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
+    std::vector<std::map<std::uint64_t, int>> got(dst.size()), from_source(dst.size());
+    std::map<std::uint64_t, int> sent;
+    bool ok = true;
+    auto lands = [&](std::uint32_t c, std::uint64_t g, std::uint64_t at) {
+      auto w = wanted[c].find(g);
+      return w != wanted[c].end() && w->second == at;
+    };
+    for (auto& x : p.transfers())
+      for (std::uint64_t i = 0; x.tensor == t && i < x.length; ++i) {
+        auto s = held[x.source].find(x.global + i);
+        ok = ok && s != held[x.source].end() && s->second == x.source_offset + i && lands(x.clone, x.global + i, x.clone_offset + i);
+        ++got[x.clone][x.global + i], ++from_source[x.clone][x.global + i], ++sent[x.global + i];
+      }
+    for (auto& x : p.forwards())
+      for (std::uint64_t i = 0; x.tensor == t && i < x.length; ++i) {
+        ok = ok && x.source != x.clone && from_source[x.source].count(x.global + i) && lands(x.source, x.global + i, x.source_offset + i) &&
+             lands(x.clone, x.global + i, x.clone_offset + i);
+        ++got[x.clone][x.global + i];
+      }
+    CHECK_MESSAGE(ok, "a transfer or forward reads a byte where its sender does not have it, or writes one where its clone does not want it");
+    std::size_t union_bytes = 0;
+    {
+      std::map<std::uint64_t, int> any;
+      for (auto& w : wanted)
+        for (auto& [g, at] : w) any[g] = 1;
+      union_bytes = any.size();
+    }
+    bool once = sent.size() == union_bytes;
+    for (auto& [g, n] : sent) once = once && n == 1;
+    CHECK_MESSAGE(once, "the sources send " << sent.size() << " distinct bytes for " << union_bytes << " wanted, or some twice");
+    for (std::size_t c = 0; c < dst.size(); ++c) {
+      bool exact = got[c].size() == wanted[c].size();
+      for (auto& [g, n] : got[c]) exact = exact && n == 1;
+      CHECK_MESSAGE(exact, "clone rank " << c << " gets " << got[c].size() << " distinct bytes of " << wanted[c].size() << " wanted");
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("partition sharing: clone ranks wanting the same bytes share them, each source sending held / replication") {
+  for (const auto& s : {zero1(), zero3(), tp2_dp2(), pipeline_2x2(true), pipeline_2x2(false)}) {
+    const auto p = dc::make_partition_plan(s.lay, s.src, s.dst, 256, dc::partition_sharing::exchange);
+    check_shared(p, s.lay, s.src, s.dst);
+  }
+  SUBCASE("replicated N=4 into M=2: each source sends S/4, each clone rank forwards S/2") {
+    const auto lay = two_layer_model();
+    std::vector<dc::holdings> src(4, dc::holdings::replicated(lay)), dst(2, dc::holdings::replicated(lay));
+    const auto p = dc::make_partition_plan(lay, src, dst, 4, dc::partition_sharing::exchange);
+    for (std::uint32_t s = 0; s < 4; ++s) CHECK(p.bytes_sent_by_source(s) == doctest::Approx(lay.total_bytes() / 4.0).epsilon(0.05));
+    for (std::uint32_t c = 0; c < 2; ++c) CHECK(p.bytes_forwarded_by_clone(c) == doctest::Approx(lay.total_bytes() / 2.0).epsilon(0.05));
+  }
+  SUBCASE("TP2xDP2 into TP1 on M=3: each source sends held / 2, a third of what it sends without sharing") {
+    const auto [lay, src, dst] = tp2_dp2();
+    const auto shared = dc::make_partition_plan(lay, src, dst, 256, dc::partition_sharing::exchange);
+    const auto alone = dc::make_partition_plan(lay, src, dst);
+    for (std::uint32_t s = 0; s < 4; ++s)
+      CHECK(shared.bytes_sent_by_source(s) == doctest::Approx(alone.bytes_sent_by_source(s) / 3.0).epsilon(0.05));
+  }
+  SUBCASE("ZeRO-3 into ZeRO-3: no byte is wanted twice, nothing is forwarded") {
+    const auto [lay, src, dst] = zero3();
+    CHECK(dc::make_partition_plan(lay, src, dst, 256, dc::partition_sharing::exchange).forwards().empty());
+  }
+}
+
+TEST_CASE("partition sharing: randomised holdings on both sides, sources send each wanted byte once, every clone rank exact") {
+  std::mt19937_64 rng(31);
+  auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
+  for (int round = 0; round < 60; ++round) {
+    CAPTURE(round);
+    const auto [lay, src, dst] = random_scenario(pick);
+    check_shared(dc::make_partition_plan(lay, src, dst, 1 + pick(8), dc::partition_sharing::exchange), lay, src, dst);
   }
 }

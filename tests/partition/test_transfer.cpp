@@ -97,10 +97,10 @@ struct run_result {
 };
 template <class Comm>
 run_result<Comm> transfer(const scenario& s, const dc::partition_group_options& opt, std::vector<Comm*> comms,
-                          std::chrono::nanoseconds timeout = 10s) {
+                          std::chrono::nanoseconds timeout = 10s, dc::partition_sharing sharing = dc::partition_sharing::none) {
   const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
   const auto roles = dc::roles::contiguous(n, m);
-  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst);
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst, 256, sharing);
   const auto groups = dc::make_partition_groups(plan, n, m, opt);
   const dc::partition_route route{roles, s.lay, groups, tag_base};
   std::vector<std::vector<std::vector<std::byte>>> src;
@@ -133,14 +133,14 @@ run_result<Comm> transfer(const scenario& s, const dc::partition_group_options& 
   return out;
 }
 
-void check_exact(const scenario& s, const dc::partition_group_options& opt) {
+void check_exact(const scenario& s, const dc::partition_group_options& opt, dc::partition_sharing sharing = dc::partition_sharing::none) {
   const auto ranks = static_cast<int>(s.src.size() + s.dst.size());
   dc::inproc::world w(ranks);
   std::vector<dc::inproc::communicator> comms;
   for (int r = 0; r < ranks; ++r) comms.push_back(w.comm(r));
   std::vector<dc::inproc::communicator*> ptrs;
   for (auto& c : comms) ptrs.push_back(&c);
-  const auto r = transfer(s, opt, ptrs);
+  const auto r = transfer(s, opt, ptrs, 10s, sharing);
   for (std::size_t c = 0; c < s.dst.size(); ++c) {
     CHECK_FALSE(r.clone_errors[c]);
     for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
@@ -453,4 +453,42 @@ TEST_CASE("partition transfer: sources whose declaration is too large to attach 
   CHECK(e.kind() == dc::errc::layout_mismatch);
   CHECK(contains(e.what(), "declares another global layout"));
   CHECK(contains(e.what(), "too large to attach"));
+}
+
+TEST_CASE("partition transfer with sharing: clone ranks forward what they verified; every clone byte exact") {
+  const auto ex = dc::partition_sharing::exchange;
+  for (const auto& opt : {dc::partition_group_options{}, dc::partition_group_options{16, 64}, gather_small}) {
+    CAPTURE(opt.direct_min_bytes);
+    check_exact(zero1(), opt, ex);
+    check_exact(zero3(), opt, ex);
+    check_exact(tp2_dp2(), opt, ex);
+    check_exact(pipeline_2x2(true), opt, ex);
+    check_exact(pipeline_2x2(false), opt, ex);
+    std::mt19937_64 rng(23);
+    auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
+    for (int round = 0; round < 20; ++round) {
+      CAPTURE(round);
+      check_exact(random_scenario(pick), opt, ex);
+    }
+  }
+}
+
+TEST_CASE("partition transfer with sharing: a corrupted forward is refused naming the forwarding clone rank") {
+  // ZeRO-1 into M=2 replicated: every forward goes between the clone ranks (ranks 4 and 5).
+  const dc::fault::rule corrupt{.action = dc::fault::kind::corrupt, .from = 5, .to = 4, .tag_lo = tag_base + 2};  // layer 0's data
+  const auto s = zero1();
+  dc::inproc::world w(6);
+  auto faults = std::make_shared<dc::fault::plan>();
+  faults->add(corrupt);
+  std::vector<std::unique_ptr<dc::faulty<dc::inproc::communicator>>> comms;
+  std::vector<dc::faulty<dc::inproc::communicator>*> ptrs;
+  for (int r = 0; r < 6; ++r) ptrs.push_back(comms.emplace_back(std::make_unique<dc::faulty<dc::inproc::communicator>>(w.comm(r), faults)).get());
+  const auto r = transfer(s, dc::partition_group_options{16, 64}, ptrs, 2s, dc::partition_sharing::exchange);
+  REQUIRE(r.clone_errors[0]);
+  try {
+    std::rethrow_exception(r.clone_errors[0]);
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::corrupt_message);
+    CHECK_MESSAGE(contains(e.what(), "from clone rank 1 to clone rank 0"), e.what());
+  }
 }

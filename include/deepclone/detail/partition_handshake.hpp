@@ -32,11 +32,14 @@ namespace deepclone::detail {
 /// that made the same plan with the same group options have the same fingerprint.
 inline std::uint64_t groups_fingerprint(const partition_groups& groups) {
   writer w;
-  for (const auto& g : groups.groups()) {
-    w.u32(g.layer), w.u32(g.source), w.u32(g.clone), w.u32(static_cast<std::uint32_t>(g.messages.size()));
-    for (const auto& m : g.messages) {
-      w.u8(m.packed ? 1 : 0), w.u8(m.gather ? 1 : 0), w.u32(static_cast<std::uint32_t>(m.runs.size()));
-      for (const auto& r : m.runs) w.u32(r.tensor), w.u64(r.global), w.u64(r.length), w.u64(r.source_offset), w.u64(r.clone_offset);
+  for (const auto* list : {&groups.groups(), &groups.forwards()}) {
+    w.u32(static_cast<std::uint32_t>(list->size()));
+    for (const auto& g : *list) {
+      w.u32(g.layer), w.u32(g.source), w.u32(g.clone), w.u32(static_cast<std::uint32_t>(g.messages.size()));
+      for (const auto& m : g.messages) {
+        w.u8(m.packed ? 1 : 0), w.u8(m.gather ? 1 : 0), w.u32(static_cast<std::uint32_t>(m.runs.size()));
+        for (const auto& r : m.runs) w.u32(r.tensor), w.u64(r.global), w.u64(r.length), w.u64(r.source_offset), w.u64(r.clone_offset);
+      }
     }
   }
   return fnv1a(w.buffer());
