@@ -119,11 +119,12 @@ def check_partition(out, rounds):
         assert r["readiness_s"] > 0 and r["bound_s"] > 0
         for sent, want in zip(r["sent_bytes"], r["expected_sent_bytes"]):  # the plan splits every region over its holders
             assert abs(sent - want) <= 0.01 * want, f"{r['layout']}: a source sends {sent} bytes, expected {want}"
-        assert sum(r["received_bytes"]) == len(r["received_bytes"]) * r["state_bytes"], "replicated clones receive the whole state"
+        copies = 1 if r.get("sharing", "none") == "exchange" else len(r["received_bytes"])  # exchange: the clones forward the rest
+        assert sum(r["received_bytes"]) == copies * r["state_bytes"], "replicated clones receive the whole state from the sources"
     peers = [r for r in rows if "strategy" in r]
     for r in peers:
         check_checkpoint_row(r)
-    groups = {(r["layout"], r["link"]) for r in rs} | {(r["layout"], r["strategy"]) for r in peers}
+    groups = {(r["layout"], r.get("sharing", "none"), r["link"]) for r in rs} | {(r["layout"], r["strategy"]) for r in peers}
     assert len(rows) == len(groups) * rounds
     summ = lines(os.path.join(out, "partition_summary.jsonl"))
     assert len(summ) == len(groups) and all(s["verified"] and s["rounds"] == rounds for s in summ)

@@ -20,9 +20,11 @@
 // partition_sender, the clone ranks receive and verify them through partition_receiver.
 //
 // Per round: readiness (common start -> last clone rank holds every byte, verified), the
-// bound max over ranks of (bytes through its link) / B with B measured on the same transport
-// in the same run, bytes sent per source against M x sum over tensors of (held / replication
-// factor), and the time the sources spend inside send calls (packing, checksums). Every
+// bound max over ranks of (bytes through its link, each direction) / B with B measured on the
+// same transport in the same run, bytes sent per source against M x sum over tensors of
+// (held / replication factor) -- or, with --sharing exchange (partition_sharing::exchange:
+// the clone ranks forward to each other what several of them want), 1 x that sum -- and the
+// time the sources spend inside send calls (packing, checksums). Every
 // clone byte is checked against the value of its global position after each round.
 // The peer, in the same run and on the same state (--peers checkpoint, the default; none):
 // a resharding checkpoint as PyTorch DCP makes one. Each source saves its share with fsync,
@@ -45,6 +47,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -68,6 +71,7 @@ struct options {
   double link_gbs = 1.0, latency_us = 20;
   int rounds = 3;
   std::vector<std::string> layouts{"zero1", "tp2dp2"}, links{"raw", "emulated", "emulated_backfill"};
+  std::vector<std::string> sharing{"none", "exchange"};  ///< partition_sharing of each run (--sharing)
   bool checkpoint = true;  ///< also run the resharding checkpoint peer (--peers checkpoint|none)
   std::string ckpt_dir;    ///< where it writes (--ckpt-dir; default: --out)
 };
@@ -195,6 +199,7 @@ std::vector<double> loadavg() {
 /// Everything about one layout that does not change between rounds.
 struct setup {
   scenario s;
+  std::string sharing;  ///< "none" or "exchange"
   dc::partition_plan plan;
   dc::partition_groups groups;
   double plan_s = 0;
@@ -202,16 +207,31 @@ struct setup {
   std::uint64_t busiest_link = 0;  ///< bytes through the busiest rank's link
 };
 
-setup prepare(const dc::layout& lay, scenario s) {
-  const auto t0 = clock_type::now();
-  auto plan = dc::make_partition_plan(lay, s.src, s.dst);
-  auto groups = dc::make_partition_groups(plan, static_cast<std::uint32_t>(s.src.size()), static_cast<std::uint32_t>(s.dst.size()));
-  const double plan_s = secs(t0, clock_type::now());
-  auto e = expected(lay, s);
+/// The bytes through the busiest link, each direction on its own (full duplex): a source
+/// sends its groups; a clone rank receives its groups and the forwards to it, and sends its
+/// forwards.
+std::uint64_t busiest_link(const dc::partition_groups& groups, std::uint32_t n, std::uint32_t m) {
   std::uint64_t busiest = 0;
-  for (std::uint32_t r = 0; r < s.src.size(); ++r) busiest = std::max(busiest, groups.bytes_sent_by_source(r));
-  for (std::uint32_t c = 0; c < s.dst.size(); ++c) busiest = std::max(busiest, groups.bytes_received_by_clone(c));
-  return {std::move(s), std::move(plan), std::move(groups), plan_s, std::move(e), busiest};
+  for (std::uint32_t r = 0; r < n; ++r) busiest = std::max(busiest, groups.bytes_sent_by_source(r));
+  for (std::uint32_t c = 0; c < m; ++c) {
+    std::uint64_t in = groups.bytes_received_by_clone(c);
+    for (auto g : groups.forwarded_to_clone(c)) in += groups.forwards()[g].bytes;
+    busiest = std::max({busiest, in, groups.bytes_forwarded_by_clone(c)});
+  }
+  return busiest;
+}
+
+setup prepare(const dc::layout& lay, scenario s, const std::string& sharing) {
+  if (sharing != "none" && sharing != "exchange") throw std::invalid_argument("unknown sharing " + sharing);
+  const auto mode = sharing == "exchange" ? dc::partition_sharing::exchange : dc::partition_sharing::none;
+  const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
+  const auto t0 = clock_type::now();
+  auto plan = dc::make_partition_plan(lay, s.src, s.dst, 256, mode);
+  auto groups = dc::make_partition_groups(plan, n, m);
+  const double plan_s = secs(t0, clock_type::now());
+  auto e = expected(lay, s, mode == dc::partition_sharing::exchange);
+  const auto busiest = busiest_link(groups, n, m);
+  return {std::move(s), sharing, std::move(plan), std::move(groups), plan_s, std::move(e), busiest};
 }
 
 nlohmann::json row(const options& o, const dc::layout& lay, const setup& st, const std::string& link_name, double B, int round,
@@ -223,8 +243,8 @@ nlohmann::json row(const options& o, const dc::layout& lay, const setup& st, con
   }
   for (std::uint32_t c = 0; c < st.s.dst.size(); ++c) received.push_back(st.groups.bytes_received_by_clone(c));
   const double bound = static_cast<double>(st.busiest_link) / B;
-  return {{"model", o.model}, {"layout", st.s.name}, {"divisor", o.divisor}, {"sources", st.s.src.size()}, {"clones", st.s.dst.size()},
-          {"link", link_name}, {"round", round}, {"state_bytes", lay.total_bytes()}, {"held_bytes", st.expect.held},
+  return {{"model", o.model}, {"layout", st.s.name}, {"sharing", st.sharing}, {"divisor", o.divisor}, {"sources", st.s.src.size()},
+          {"clones", st.s.dst.size()}, {"link", link_name}, {"round", round}, {"state_bytes", lay.total_bytes()}, {"held_bytes", st.expect.held},
           {"sent_bytes", sent}, {"expected_sent_bytes", st.expect.sent}, {"received_bytes", received}, {"messages", messages},
           {"bandwidth_Bps", B}, {"bound_s", bound}, {"readiness_s", r.readiness_s}, {"readiness_over_bound", r.readiness_s / bound},
           {"send_calls_s", r.send_calls_s}, {"plan_s", st.plan_s}, {"verified", r.verified}, {"loadavg", loadavg()}};
@@ -241,7 +261,8 @@ nlohmann::json summary(const std::vector<nlohmann::json>& rows) {
   const auto& f = rows.front();
   bool verified = true;
   for (const auto& r : rows) verified = verified && r["verified"].get<bool>();
-  return {{"model", f["model"]}, {"layout", f["layout"]}, {"link", f["link"]}, {"rounds", rows.size()}, {"state_bytes", f["state_bytes"]},
+  return {{"model", f["model"]}, {"layout", f["layout"]}, {"sharing", f["sharing"]}, {"link", f["link"]}, {"rounds", rows.size()},
+          {"state_bytes", f["state_bytes"]},
           {"sent_bytes", f["sent_bytes"]}, {"expected_sent_bytes", f["expected_sent_bytes"]}, {"bound_s", spread(rows, "bound_s")},
           {"readiness_s", spread(rows, "readiness_s")}, {"readiness_over_bound", spread(rows, "readiness_over_bound")},
           {"send_calls_s", spread(rows, "send_calls_s")}, {"verified", verified}};
@@ -250,10 +271,11 @@ nlohmann::json summary(const std::vector<nlohmann::json>& rows) {
 std::string table(const std::vector<nlohmann::json>& summaries) {
   std::ostringstream t;
   t.precision(3);
-  t << "| link | layout | state MB | MB sent per source (expected) | readiness s (min-max) | bound s | readiness/bound | send calls s |\n"
-    << "|---|---|---|---|---|---|---|---|\n";
+  t << "| link | layout | sharing | state MB | MB sent per source (expected) | readiness s (min-max) | bound s | readiness/bound | send calls s |\n"
+    << "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& s : summaries) {
-    t << "| " << s["link"].get<std::string>() << " | " << s["layout"].get<std::string>() << " | " << s["state_bytes"].get<double>() / 1e6 << " | ";
+    t << "| " << s["link"].get<std::string>() << " | " << s["layout"].get<std::string>() << " | " << s["sharing"].get<std::string>() << " | "
+      << s["state_bytes"].get<double>() / 1e6 << " | ";
     for (std::size_t i = 0; i < s["sent_bytes"].size(); ++i)
       t << (i ? ", " : "") << s["sent_bytes"][i].get<double>() / 1e6 << " (" << s["expected_sent_bytes"][i].get<double>() / 1e6 << ")";
     const auto& r = s["readiness_s"];
@@ -284,6 +306,7 @@ options parse(int argc, char** argv) {
     else if (a == "--rounds") o.rounds = std::stoi(v);
     else if (a == "--layouts") o.layouts = list(v);
     else if (a == "--links") o.links = list(v);
+    else if (a == "--sharing") o.sharing = list(v);
     else if (a == "--out") o.out_dir = v;
     else if (a == "--ckpt-dir") o.ckpt_dir = v;
     else if (a == "--peers" && (v == "checkpoint" || v == "none")) o.checkpoint = v == "checkpoint";
@@ -313,7 +336,7 @@ std::vector<nlohmann::json> measure(const options& o, const dc::layout& lay, con
   for (int round = 0; round < o.rounds; ++round) {
     rows.push_back(row(o, lay, st, link_name, B, round, run_round(lay, st.s, route, fabric, src, dst)));
     jl << rows.back().dump() << "\n" << std::flush;
-    std::cerr << st.s.name << " " << link_name << " round " << round << ": readiness " << rows.back()["readiness_s"].get<double>()
+    std::cerr << st.s.name << " " << st.sharing << " " << link_name << " round " << round << ": readiness " << rows.back()["readiness_s"].get<double>()
               << " s, bound " << rows.back()["bound_s"].get<double>() << " s, verified " << rows.back()["verified"].get<bool>() << "\n";
   }
   return rows;
@@ -365,7 +388,9 @@ std::string checkpoint_table(const std::vector<nlohmann::json>& peers, const std
       << r["min"].get<double>() << "-" << r["max"].get<double>() << ") | ";
     for (std::size_t i = 0; i < p["file_bytes"].size(); ++i) t << (i ? ", " : "") << p["file_bytes"][i].get<double>() / 1e6;
     t << " | " << p["cold_read"].get<std::string>() << " | ";
-    const auto raw = std::find_if(summaries.begin(), summaries.end(), [&](const nlohmann::json& s) { return s["layout"] == p["layout"] && s["link"] == "raw"; });
+    const auto raw = std::find_if(summaries.begin(), summaries.end(), [&](const nlohmann::json& s) {
+      return s["layout"] == p["layout"] && s["link"] == "raw" && s["sharing"] == "none";
+    });
     if (raw == summaries.end()) t << "- | - |\n";
     else {
       const double d = (*raw)["readiness_s"]["median"].get<double>();
@@ -388,13 +413,16 @@ int main(int argc, char** argv) try {
   std::vector<nlohmann::json> summaries, peers;
   for (const auto& name : o.layouts) {
     if (name != "zero1" && name != "tp2dp2") throw std::invalid_argument("unknown layout " + name);
-    const auto st = prepare(lay, name == "zero1" ? zero1(lay) : tp2dp2(lay));
-    for (const auto& link_name : o.links) {
-      summaries.push_back(summary(measure(o, lay, st, link_name, jl)));
-      sl << summaries.back().dump() << "\n";
+    std::optional<setup> st;
+    for (const auto& sharing : o.sharing) {
+      st.emplace(prepare(lay, name == "zero1" ? zero1(lay) : tp2dp2(lay), sharing));
+      for (const auto& link_name : o.links) {
+        summaries.push_back(summary(measure(o, lay, *st, link_name, jl)));
+        sl << summaries.back().dump() << "\n";
+      }
     }
-    if (o.checkpoint) {
-      peers.push_back(measure_checkpoint(o, lay, st, jl));
+    if (o.checkpoint && st) {
+      peers.push_back(measure_checkpoint(o, lay, *st, jl));
       sl << peers.back().dump() << "\n";
     }
   }

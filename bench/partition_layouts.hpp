@@ -168,7 +168,7 @@ struct expectation {
   std::vector<std::uint64_t> held;
   std::vector<double> sent;
 };
-inline expectation expected(const dc::layout& lay, const scenario& s) {
+inline expectation expected(const dc::layout& lay, const scenario& s, bool shared) {
   const auto n = s.src.size();
   expectation e{std::vector<std::uint64_t>(n, 0), std::vector<double>(n, 0)};
   for (std::size_t t = 0; t < lay.tensor_count(); ++t) {
@@ -182,7 +182,7 @@ inline expectation expected(const dc::layout& lay, const scenario& s) {
     const double replication = static_cast<double>(all) / static_cast<double>(lay.tensor(t).bytes);
     for (std::size_t r = 0; r < n; ++r) {
       e.held[r] += held[r];
-      e.sent[r] += static_cast<double>(s.dst.size()) * static_cast<double>(held[r]) / replication;
+      e.sent[r] += static_cast<double>(shared ? 1 : s.dst.size()) * static_cast<double>(held[r]) / replication;
     }
   }
   return e;

@@ -13,6 +13,13 @@
 /// tensor: every receive is posted into bounds-checked runs of exact size, and garbage sums
 /// are refused before they are read.
 ///
+/// With partition_sharing::exchange (holdings.hpp) the sources send each byte once, to one of
+/// the clone ranks that want it, and that clone rank forwards it (detail/group_sender.hpp,
+/// as a source sends) to the others once it verified that layer's groups from the sources;
+/// a forwarded group is verified like a source's, on the same tags (from the forwarding
+/// clone rank), and is never failed over: a clone rank that does not forward (refused, gone)
+/// leaves the clone ranks it forwards to timing out, naming the forwarded group.
+///
 /// Each layer has its own pair of tags (data, sums) from `tag_base` on, so a source may send
 /// its layers in any order (a trainer updates them last-first); within one layer, the
 /// messages between one source and one clone rank match in the order sent (the
@@ -243,13 +250,17 @@ class partition_sender {
 };
 
 /// A clone rank's side: receives every group it wants into its own tensors (`tensors[t]`:
-/// its part of global tensor t, as its holdings declare), verifying each message.
+/// its part of global tensor t, as its holdings declare), verifying each message. With
+/// partition_sharing::exchange it also forwards its share to the other clone ranks wanting
+/// it, straight from those tensors: keep them alive until progress() is true where a
+/// transport cannot withdraw sends (as for a source's tensors), and give every transfer its
+/// own tags (a forward to a clone rank that gave up stays parked there).
 template <class Comm, class Checksum = checksum::mix64>
 class partition_receiver {
  public:
   partition_receiver(Comm& c, partition_route route, std::uint32_t clone, std::span<const std::span<std::byte>> tensors)
       : comm_(c), route_(route), clone_(clone), tensors_(tensors.begin(), tensors.end()), unverified_(route_.global.layer_count(), 0),
-        from_sources_(unverified_), forwarded_(route_.global.layer_count(), 0), quiet_since_(route_.ranks.source_count(), detail::clock::now()) {
+        from_sources_(unverified_), forwarded_(route_.groups.forwarded_by_clone(clone).size(), 0), quiet_since_(route_.ranks.source_count(), detail::clock::now()) {
     if (clone >= route_.ranks.clone_count())
       throw error(errc::invalid_argument, "partition_receiver: clone rank " + std::to_string(clone) + " of " +
                                               std::to_string(route_.ranks.clone_count()));
@@ -342,7 +353,8 @@ class partition_receiver {
       throw;
     }
   }
-  /// Withdraws every pending receive: afterwards nothing more is written into the tensors.
+  /// Withdraws every pending receive (afterwards nothing more is written into the tensors)
+  /// and every pending forward (where the transport cannot, those still read the tensors).
   void cancel() noexcept {
     for (auto& in : incoming_) withdraw(in);
     if (forward_) forward_->cancel();
@@ -450,21 +462,19 @@ class partition_receiver {
   /// ranks wanting it, once every group of that layer from the sources is verified (what it
   /// forwards is a part of those).
   void forward_verified() {
-    if (!forward_) return;
-    for (auto gi : route_.groups.forwarded_by_clone(clone_)) {
-      const auto& g = route_.groups.forwards()[gi];
-      if (from_sources_[g.layer] != 0 || forwarded_[g.layer] == 2) continue;
-      forwarded_[g.layer] = 1;
+    const auto mine = route_.groups.forwarded_by_clone(clone_);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto& g = route_.groups.forwards()[mine[i]];
+      if (from_sources_[g.layer] != 0 || forwarded_[i]) continue;
       forward_->send(g, route_.ranks.clones.at(g.clone));
+      forwarded_[i] = 1;  // after the send: one that throws is tried again, never sent twice
     }
-    for (auto& f : forwarded_) f = f ? 2 : 0;  // a layer's forwards all sent
   }
   /// True once every forward of this rank was sent and received.
   bool forwards_done() {
     if (!forward_) return true;
-    for (auto gi : route_.groups.forwarded_by_clone(clone_))
-      if (!forwarded_[route_.groups.forwards()[gi].layer]) return false;
-    for (std::uint32_t l = 0; l < forwarded_.size(); ++l)
+    if (std::find(forwarded_.begin(), forwarded_.end(), 0) != forwarded_.end()) return false;
+    for (std::uint32_t l = 0; l < route_.global.layer_count(); ++l)
       if (!forward_->layer_done(l, [](std::uint32_t) { return false; })) return false;
     return true;
   }
@@ -528,7 +538,7 @@ class partition_receiver {
   std::deque<incoming> incoming_;  // a deque: receives write into its elements' buffers, which must not move
   std::vector<std::uint32_t> unverified_;                    // per layer: groups not verified nor replaced
   std::vector<std::uint32_t> from_sources_;                  // per layer: of those, groups from sources (not forwarded)
-  std::vector<char> forwarded_;                              // per layer: this rank's forwards sent (2: before this progress)
+  std::vector<char> forwarded_;                              // per group this rank forwards (forwarded_by_clone): sent
   std::vector<detail::clock::time_point> quiet_since_;       // per source: its last group verified or posted
   bool any_delivered_ = false;
   struct corrupt_group {

@@ -2,7 +2,8 @@
 // adapter), one process per rank: ZeRO-1 N=4 -> M=2 replicated, ZeRO-3 N=4 -> ZeRO-3 M=2,
 // TP2xDP2 -> TP1 on M=3, pipeline 2 stages x DP2 -> 2 stages and -> one stage on M=2, and
 // randomised holdings (up to 4 sources and 3 clone ranks), each clone rank checking every byte
-// it wants against the source pattern of its global position. Run on 7 ranks; ranks beyond a
+// it wants against the source pattern of its global position; also with the clone ranks
+// sharing what several want (partition_sharing::exchange). Run on 7 ranks; ranks beyond a
 // scenario's N + M sit it out. Sources send their layers last-first. Packed runs also travel
 // gathered and scattered as MPI derived datatypes (the adapter's gathering_communicator), also
 // where the adapter's piece size makes it stage them.
@@ -25,10 +26,11 @@ using namespace partition_test;
 namespace {
 
 /// This rank's part of moving scenario `s`; a clone rank checks every byte it wants.
-void run(dc::mpi::communicator& c, const scenario& s, const dc::partition_group_options& opt) {
+void run(dc::mpi::communicator& c, const scenario& s, const dc::partition_group_options& opt,
+         dc::partition_sharing sharing = dc::partition_sharing::none) {
   const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
   const auto roles = dc::roles::contiguous(n, m);
-  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), n, m, opt);
+  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst, 256, sharing), n, m, opt);
   const dc::partition_route route{roles, s.lay, groups, 100};
   const auto me = static_cast<std::uint32_t>(c.rank());
   if (me < n) {
@@ -65,6 +67,17 @@ TEST_CASE("partition transfer over MPI: ZeRO-1, ZeRO-3, TP2xDP2, pipeline x DP a
     std::mt19937_64 rng(5);  // the same scenarios on every rank
     auto pick = [&](std::uint64_t k) { return k ? rng() % k : 0; };
     for (int round = 0; round < 10; ++round) run(c, random_scenario(pick), opt);
+  }
+}
+
+TEST_CASE("partition transfer over MPI with sharing: clone ranks forward what they verified, byte-exact") {
+  boost::mpi::communicator world;
+  dc::mpi::communicator c(world);
+  for (const auto& opt : {dc::partition_group_options{}, dc::partition_group_options{4096, 1 << 20, 64}}) {
+    for (const auto& s : {zero1(), zero3(), tp2_dp2(), pipeline_2x2(true), pipeline_2x2(false)}) run(c, s, opt, dc::partition_sharing::exchange);
+    std::mt19937_64 rng(7);  // the same scenarios on every rank
+    auto pick = [&](std::uint64_t k) { return k ? rng() % k : 0; };
+    for (int round = 0; round < 10; ++round) run(c, random_scenario(pick), opt, dc::partition_sharing::exchange);
   }
 }
 

@@ -316,6 +316,11 @@ void check_shared(const dc::partition_plan& p, const dc::layout& lay, const std:
       auto w = wanted[c].find(g);
       return w != wanted[c].end() && w->second == at;
     };
+    for (const auto* list : {&p.transfers(), &p.forwards()})
+      for (auto& x : *list)
+        ok = ok && x.tensor < lay.tensor_count() && x.layer == lay.layer_of(x.tensor) && x.length > 0 && x.clone < dst.size() &&
+             x.source < (list == &p.forwards() ? dst.size() : src.size());
+    REQUIRE_MESSAGE(ok, "a transfer or forward names a tensor, layer, rank or length out of place");
     for (auto& x : p.transfers())
       for (std::uint64_t i = 0; x.tensor == t && i < x.length; ++i) {
         auto s = held[x.source].find(x.global + i);
