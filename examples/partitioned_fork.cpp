@@ -9,7 +9,7 @@
 //
 // At an iteration boundary the sources hand their parts to `partition_sender`, the clone
 // ranks receive them with `partition_receiver` (the plan splits bytes held by several
-// sources over them). The sources train on at once: the next step's passes only read the
+// sources over them; with --share the clone ranks forward each other what both want). The sources train on at once: the next step's passes only read the
 // layers, and before a step updates a layer the source waits until that layer's sends are
 // done (`wait_layer`: the window rule). The example prints what moved from where,
 // checks every byte of every clone against the sources' state at the fork (assembled here
@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -198,13 +199,16 @@ std::vector<std::span<std::byte>> bytes_of(tensors& ts) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // --share: the sources send each byte once and the two clone ranks forward each other
+  // what both want (partition_sharing::exchange), so each source sends half as much.
+  const bool share = argc > 1 && std::string_view(argv[1]) == "--share";
   const auto lay = global_layout();
   const auto roles = dc::roles::contiguous(4, 2);
   std::vector<dc::holdings> src(4, dc::holdings(tensor_count)), dst(2, dc::holdings::replicated(lay));
   for (std::uint64_t r = 0; r < 4; ++r)
     for (int t = 0; t < tensor_count; ++t) src[r].of_tensor[t] = {specs()[t].part(r % 2, r / 2)};
-  const auto plan = dc::make_partition_plan(lay, src, dst);
+  const auto plan = dc::make_partition_plan(lay, src, dst, 256, share ? dc::partition_sharing::exchange : dc::partition_sharing::none);
   const auto groups = dc::make_partition_groups(plan, 4, 2, {.direct_min_bytes = 2048});  // a small model: show both kinds
   const dc::partition_route route{roles, lay, groups, transfer_tag};
 
@@ -256,6 +260,12 @@ int main() {
       std::printf("  source %u (tp %u, dp %u) -> clone rank %u: %6llu bytes in %llu+%llu messages\n", s, s % 2, s / 2, k,
                   (unsigned long long)bytes, (unsigned long long)direct, (unsigned long long)packed);
     }
+  for (const auto& g : groups.forwards()) {
+    std::uint64_t direct = 0, packed = 0;
+    for (const auto& m : g.messages) (m.packed ? packed : direct) += 1;
+    std::printf("  clone rank %u forwards clone rank %u, of layer fc%u: %6llu bytes in %llu+%llu messages\n", g.source, g.clone, g.layer + 1,
+                (unsigned long long)g.bytes, (unsigned long long)direct, (unsigned long long)packed);
+  }
   std::printf("the sources trained on during the transfer; waiting for a layer's sends before updating it took %.3f, %.3f, %.3f, %.3f ms\n",
               wait_s[0] * 1e3, wait_s[1] * 1e3, wait_s[2] * 1e3, wait_s[3] * 1e3);
   tensors at_fork(tensor_count);  // the global state at the fork, by this file's own index arithmetic
