@@ -2,7 +2,9 @@
 // partition_transfer through the Boost.MPI adapter, one process per rank, with packed
 // messages packed by deepclone ("packed": gather_min_average_bytes = 0) against the same
 // messages gathered and scattered by MPI derived datatypes ("gathered": the default, runs
-// averaging 1 KiB or more), side by side in one run on the same state, and their peer: a
+// averaging 1 KiB or more), the gathered ones with the clone ranks sharing what both want
+// ("gathered_shared": partition_sharing::exchange, the sources sending each byte once),
+// side by side in one run on the same state, and their peer: a
 // resharding checkpoint ("checkpoint", partition_checkpoint.hpp: each source saves its share
 // with fsync, a barrier, each clone rank loads every file cold; its "send calls" are the
 // sources' save, for which they stop).
@@ -149,11 +151,12 @@ figures run_round(dc::mpi::communicator& c, const dc::layout& lay, variant& v) {
 std::vector<variant> variants(const dc::layout& lay, std::uint32_t me, const std::string& ckpt_dir) {
   std::vector<variant> out;
   for (const std::string layout : {"zero1", "tp2dp2"})
-    for (const std::string name : {"packed", "gathered", "checkpoint"}) {
+    for (const std::string name : {"packed", "gathered", "gathered_shared", "checkpoint"}) {
       auto s = layout == "zero1" ? zero1(lay) : tp2dp2(lay);
       dc::partition_group_options opt;
       if (name == "packed") opt.gather_min_average_bytes = 0;
-      auto groups = dc::make_partition_groups(dc::make_partition_plan(lay, s.src, s.dst), 4, 2, opt);
+      const auto sharing = name == "gathered_shared" ? dc::partition_sharing::exchange : dc::partition_sharing::none;
+      auto groups = dc::make_partition_groups(dc::make_partition_plan(lay, s.src, s.dst, 256, sharing), 4, 2, opt);
       const bool source = me < s.src.size();
       auto own = own_tensors(lay, source ? s.src[me] : s.dst[me - s.src.size()], source);
       auto& v = out.emplace_back(variant{layout, name, std::move(s), std::move(groups), std::move(own)});
