@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -257,6 +258,38 @@ inline void share_range(const assigned_range& r, std::uint32_t t, std::uint32_t 
   }
 }
 
+/// Moves transfers to the live holders of their bytes: the rule failover and refetch share.
+class reassigner {
+ public:
+  reassigner(const layout& global, const std::vector<holdings>& sources, const std::vector<bool>& failed, std::uint64_t alignment)
+      : global_(global), sources_(sources), failed_(failed), alignment_(alignment), runs_(global.tensor_count()) {
+    if (failed.size() != sources.size())
+      throw error(errc::invalid_argument, "partitioned failover: a failure list for " + std::to_string(failed.size()) +
+                                              " sources, holdings of " + std::to_string(sources.size()));
+  }
+  /// Appends to `out` the transfers that carry `x`'s bytes to `x.clone` from the live sources
+  /// holding them (each range split evenly over them); `no_replica(b, e)` throws for bytes
+  /// no live source holds.
+  template <class NoReplica>
+  void operator()(const region_transfer& x, std::vector<region_transfer>& out, NoReplica no_replica) {
+    if (runs_[x.tensor].empty()) runs_[x.tensor] = source_runs(global_, x.tensor, sources_);
+    const auto& src = runs_[x.tensor];
+    for (const auto& r : assign_sources(x.global, x.global + x.length, src, failed_, granule(global_.tensor(x.tensor), alignment_), rotate_,
+                                        no_replica)) {
+      const auto* held = run_at(src[r.source], r.begin);
+      out.push_back({x.tensor, x.layer, r.begin, r.end - r.begin, r.source, x.clone, held->local + (r.begin - held->global),
+                     x.clone_offset + (r.begin - x.global)});
+    }
+  }
+
+ private:
+  const layout& global_;
+  const std::vector<holdings>& sources_;
+  const std::vector<bool>& failed_;
+  std::uint64_t alignment_, rotate_ = 0;
+  std::vector<std::vector<std::vector<byte_run>>> runs_;  // per tensor, computed when needed
+};
+
 }  // namespace detail
 
 /// How clone ranks that want the same bytes get them.
@@ -317,6 +350,8 @@ class partition_plan {
                                             std::uint64_t, partition_sharing);
   friend partition_plan make_failover_plan(const layout&, const std::vector<holdings>&, const partition_plan&,
                                            const std::vector<bool>&, std::uint64_t);
+  friend partition_plan make_refetch_plan(const layout&, const std::vector<holdings>&, std::span<const region_transfer>,
+                                          const std::vector<bool>&, std::uint64_t);
 
  private:
   std::vector<region_transfer> transfers_, forwards_;
@@ -379,12 +414,8 @@ inline partition_plan make_partition_plan(const layout& global, const std::vecto
 /// `errc::invalid_argument` for holdings or a failure list of another source count.
 inline partition_plan make_failover_plan(const layout& global, const std::vector<holdings>& sources, const partition_plan& plan,
                                          const std::vector<bool>& failed, std::uint64_t alignment = 256) {
-  if (failed.size() != sources.size())
-    throw error(errc::invalid_argument, "partitioned failover: a failure list for " + std::to_string(failed.size()) +
-                                            " sources, holdings of " + std::to_string(sources.size()));
   partition_plan p;
-  std::vector<std::vector<std::vector<byte_run>>> runs(global.tensor_count());  // per tensor, computed when needed
-  std::uint64_t rotate = 0;
+  detail::reassigner again(global, sources, failed, alignment);
   for (const auto& x : plan.transfers_) {
     if (x.source >= failed.size() || x.tensor >= global.tensor_count())
       throw error(errc::invalid_argument, "partitioned failover: a plan for other holdings (source or tensor out of range)");
@@ -392,19 +423,30 @@ inline partition_plan make_failover_plan(const layout& global, const std::vector
       p.transfers_.push_back(x);
       continue;
     }
-    if (runs[x.tensor].empty()) runs[x.tensor] = detail::source_runs(global, x.tensor, sources);
-    const auto& src = runs[x.tensor];
-    auto no_replica = [&](std::uint64_t b, std::uint64_t e) {
+    again(x, p.transfers_, [&](std::uint64_t b, std::uint64_t e) {
       throw error(errc::source_failed, "partitioned state: " + detail::bytes_label(b, e) + " of " + detail::tensor_label(global, x.tensor) +
                                            ", wanted by clone rank " + std::to_string(x.clone) + ", came from source " +
                                            std::to_string(x.source) + ", which failed, and no live source holds them (no replica exists)");
-    };
-    for (const auto& r : detail::assign_sources(x.global, x.global + x.length, src, failed, granule(global.tensor(x.tensor), alignment),
-                                                rotate, no_replica)) {
-      const auto* held = detail::run_at(src[r.source], r.begin);
-      p.transfers_.push_back({x.tensor, x.layer, r.begin, r.end - r.begin, r.source, x.clone, held->local + (r.begin - held->global),
-                              x.clone_offset + (r.begin - x.global)});
-    }
+    });
+  }
+  return p;
+}
+
+/// Sharing's fallback: `forwards` (of partition_plan::forwards(), whose `source` is the
+/// forwarding clone rank) sent instead by the live sources that hold their bytes (each range
+/// split evenly over them), to the clone rank each forward was for. Throws
+/// `errc::source_failed` naming the bytes where no live source holds them.
+inline partition_plan make_refetch_plan(const layout& global, const std::vector<holdings>& sources, std::span<const region_transfer> forwards,
+                                        const std::vector<bool>& failed, std::uint64_t alignment = 256) {
+  partition_plan p;
+  detail::reassigner again(global, sources, failed, alignment);
+  for (const auto& x : forwards) {
+    if (x.tensor >= global.tensor_count()) throw error(errc::invalid_argument, "partitioned refetch: a forward of tensor " + std::to_string(x.tensor));
+    again(x, p.transfers_, [&](std::uint64_t b, std::uint64_t e) {
+      throw error(errc::source_failed, "partitioned state: " + detail::bytes_label(b, e) + " of " + detail::tensor_label(global, x.tensor) +
+                                           ", wanted by clone rank " + std::to_string(x.clone) + ", were to be forwarded by clone rank " +
+                                           std::to_string(x.source) + ", which did not, and no live source holds them (no replica exists)");
+    });
   }
   return p;
 }

@@ -54,6 +54,7 @@
 #include "detail/bytes.hpp"
 #include "detail/group_sender.hpp"
 #include "detail/outbox.hpp"
+#include "detail/partition_exchange.hpp"
 #include "detail/partition_failover.hpp"
 #include "detail/partition_handshake.hpp"
 #include "error.hpp"
@@ -273,6 +274,7 @@ class partition_receiver {
         const std::vector<std::span<const std::byte>> own(tensors_.begin(), tensors_.end());
         forward_.emplace(comm_, route_.global, route_.tag_base, own);
       }
+      if (failover_) peers_.emplace(comm_, route_.ranks, route_.groups, clone_, detail::control_tag(route_.tag_base));
     } catch (...) {  // a run outside an own tensor: nothing stays posted
       cancel();
       throw;
@@ -295,9 +297,11 @@ class partition_receiver {
     handshake_->check();
     bool all = true;
     for (auto& in : incoming_) all = (in.replaced || settle(in)) && all;
-    if (!corrupt_.empty()) ask_again_elsewhere();
+    if (!corrupt_.empty() || !corrupt_forwards_.empty()) ask_again_elsewhere();
+    if (peers_) take_farewells();
     forward_verified();
-    return all && forwards_done() && (!failover_ || failover_->flushed());  // the sources wait for the acknowledgements
+    complete_ = all && forwards_done() && (!failover_ || failover_->flushed());  // the sources wait for the acknowledgements
+    return complete_;
   }
   /// True once every group of layer `l` arrived and was verified.
   bool layer_done(std::uint32_t l) const { return unverified_.at(l) == 0; }
@@ -359,6 +363,7 @@ class partition_receiver {
     for (auto& in : incoming_) withdraw(in);
     if (forward_) forward_->cancel();
     if (handshake_) handshake_->cancel();
+    if (peers_ && !complete_) peers_->farewell_all();  // giving up: the peers ask the sources instead
   }
 
  private:
@@ -409,16 +414,27 @@ class partition_receiver {
   /// True once group `in` is verified and unpacked (now or before).
   bool settle(incoming& in) {
     if (in.verified) return true;
-    const auto sums_bytes = comm_.test(in.sums_request);
-    bool arrived = sums_bytes.has_value();
-    for (auto& r : in.data) arrived = comm_.test(r).has_value() && arrived;
+    std::optional<std::size_t> sums_bytes;
+    bool arrived = false;
+    try {
+      sums_bytes = comm_.test(in.sums_request);
+      arrived = sums_bytes.has_value();
+      for (auto& r : in.data) arrived = comm_.test(r).has_value() && arrived;
+    } catch (const error& e) {  // a message that does not fit its receive
+      if (!in.group->forwarded) throw;
+      const auto what = "partitioned transfer: " + detail::group_label(route_.global, *in.group) + ": " + e.details() +
+                        " (do the clone ranks plan alike?)";
+      if (!failover_) throw error(errc::corrupt_message, what);
+      corrupt_forwards_.push_back({in.group->source, what});  // the sources send it instead (progress)
+      return false;
+    }
     if (!arrived) return false;
-    if (!failover_ || in.group->forwarded) return accept(in, *sums_bytes);  // a forward has no other sender
+    if (!failover_) return accept(in, *sums_bytes);
     try {
       return accept(in, *sums_bytes);
     } catch (const error& e) {  // with failover, the group comes again from another holder (progress)
       if (e.kind() != errc::corrupt_message) throw;
-      corrupt_.push_back({in.group->source, e.details()});
+      (in.group->forwarded ? corrupt_forwards_ : corrupt_).push_back({in.group->source, e.details()});
       return false;
     }
   }
@@ -438,6 +454,15 @@ class partition_receiver {
   /// this rank and the groups asked from the other holders; with none, the checksum error
   /// stands, saying so.
   void ask_again_elsewhere() {
+    for (const auto& c : std::exchange(corrupt_forwards_, {})) {
+      try {
+        refetch_from(c.source);
+      } catch (const error& e) {
+        if (e.kind() != errc::source_failed) throw;
+        throw error(errc::corrupt_message, c.what + "; no source can send it instead: " + e.details());
+      }
+    }
+    if (corrupt_.empty()) return;
     const auto found = std::move(corrupt_);
     corrupt_.clear();
     std::vector<std::uint32_t> sources;
@@ -451,6 +476,7 @@ class partition_receiver {
   }
   /// Group `g` verified: notes its source alive, and acknowledges its layer once complete.
   void delivered(const partition_group& g) {
+    if (g.forwarded && peers_) peers_->heard(g.source);
     if (!g.forwarded) {
       quiet_since_[g.source] = detail::clock::now();
       any_delivered_ = true;
@@ -465,7 +491,7 @@ class partition_receiver {
     const auto mine = route_.groups.forwarded_by_clone(clone_);
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const auto& g = route_.groups.forwards()[mine[i]];
-      if (from_sources_[g.layer] != 0 || forwarded_[i]) continue;
+      if (from_sources_[g.layer] != 0 || forwarded_[i] || peer_gone(g.clone)) continue;
       forward_->send(g, route_.ranks.clones.at(g.clone));
       forwarded_[i] = 1;  // after the send: one that throws is tried again, never sent twice
     }
@@ -473,10 +499,42 @@ class partition_receiver {
   /// True once every forward of this rank was sent and received.
   bool forwards_done() {
     if (!forward_) return true;
-    if (std::find(forwarded_.begin(), forwarded_.end(), 0) != forwarded_.end()) return false;
+    const auto mine = route_.groups.forwarded_by_clone(clone_);
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      if (!forwarded_[i] && !peer_gone(route_.groups.forwards()[mine[i]].clone)) return false;
     for (std::uint32_t l = 0; l < route_.global.layer_count(); ++l)
-      if (!forward_->layer_done(l, [](std::uint32_t) { return false; })) return false;
+      if (!forward_->layer_done(l, [&](std::uint32_t c) { return peer_gone(c); })) return false;
     return true;
+  }
+  bool peer_gone(std::uint32_t c) const { return peers_ && peers_->gone(c); }
+  /// Farewells of peers: no more forwards to them (those pending are withdrawn), and what
+  /// this rank awaited from them comes from the sources.
+  void take_farewells() {
+    for (auto p : peers_->take_farewells()) refetch_from(p);
+  }
+  /// Sharing's fallback (with failover): the forwards of clone rank `forwarder` this rank
+  /// still awaits come from the live sources holding their bytes instead, and the forwarder
+  /// is told (a farewell). Throws errc::source_failed where no live source holds them.
+  void refetch_from(std::uint32_t forwarder) {
+    std::vector<incoming*> lost;
+    std::vector<std::uint32_t> layers;
+    for (auto& in : incoming_)
+      if (in.group->forwarded && in.group->source == forwarder && !in.verified && !in.replaced) {
+        lost.push_back(&in);
+        if (std::find(layers.begin(), layers.end(), in.group->layer) == layers.end()) layers.push_back(in.group->layer);
+      }
+    if (!lost.empty()) {
+      auto more = failover_->refetch(forwarder, std::move(layers));  // throws: nothing withdrawn
+      for (auto* in : lost) {
+        withdraw(*in);
+        in->replaced = true;
+        --unverified_[in->group->layer];
+      }
+      const auto& kept = replacements_.emplace_back(std::move(more.groups));
+      for (auto gi : kept.received_by_clone(clone_)) post_group(kept.groups()[gi], more.round);
+    }
+    if (!peers_->gone(forwarder)) peers_->say_farewell(forwarder);  // it no longer forwards to this rank, nor this rank to it
+    if (forward_) forward_->withdraw([forwarder](std::uint32_t to) { return to == forwarder; });
   }
   /// Withdraws the receives of group `in` (cancel, or its source failed).
   void withdraw(incoming& in) noexcept {
@@ -492,14 +550,18 @@ class partition_receiver {
   void presume_silent_failed() {
     if (!failover_ || !any_delivered_) return;
     const auto now = detail::clock::now();
-    std::vector<std::uint32_t> silent;
+    std::vector<std::uint32_t> silent, silent_forwarders;
     for (const auto& in : incoming_) {
       const auto s = in.group->source;
+      if (in.group->forwarded && !in.verified && !in.replaced && now - peers_->last_heard(s) > route_.failover->presume_failed_after &&
+          std::find(silent_forwarders.begin(), silent_forwarders.end(), s) == silent_forwarders.end())
+        silent_forwarders.push_back(s);
       if (!in.verified && !in.replaced && !in.group->forwarded && now - quiet_since_[s] > route_.failover->presume_failed_after &&
           std::find(silent.begin(), silent.end(), s) == silent.end())
         silent.push_back(s);
     }
     if (!silent.empty()) fail_over(silent);
+    for (auto f : silent_forwarders) refetch_from(f);
   }
   /// Message i's bytes where they arrived: one run in the own tensor (direct), the packed
   /// buffer, or (gathered) each run, in the buffer or in the own tensors.
@@ -550,6 +612,9 @@ class partition_receiver {
   std::optional<detail::clone_handshake<Comm>> handshake_;   // before failover_: the hello leaves first on the control tag
   std::optional<detail::clone_failover<Comm>> failover_;
   std::optional<detail::group_sender<Comm, Checksum>> forward_;  // partition_sharing::exchange: this rank's forwards
+  std::optional<detail::exchange_peers<Comm>> peers_;           // sharing with failover: farewells between clone ranks
+  std::vector<corrupt_group> corrupt_forwards_;                 // forwards that failed their checksum (source: the forwarder)
+  bool complete_ = false;                                       // progress() was true: no farewells when cancelled
 };
 
 }  // namespace deepclone

@@ -57,11 +57,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (dc::detail::partition_sums::decode_for(b, g).sums.size() != 3) __builtin_trap();
         break;
       }
-      case 15: {  // partitioned state: a clone rank's notice (4 sources, 13 layers), hello and judge, a refusal
-        switch (size % 3) {
+      case 15: {  // partitioned state: a clone rank's notice (4 sources, 13 layers) and farewell, hello and judge, a refusal
+        switch (size % 4) {
           case 0: {
-            auto n = dc::detail::partition_notice::decode(b, 2, 4, 13);
-            if (dc::detail::partition_notice::decode(n.encode(13), 2, 4, 13).layers != n.layers) __builtin_trap();
+            auto n = dc::detail::partition_notice::decode(b, 2, 4, 13, 3);  // 3 clone ranks: refetch notices too
+            if (dc::detail::partition_notice::decode(n.encode(13), 2, 4, 13, 3).layers != n.layers) __builtin_trap();
             break;
           }
           case 1: {
@@ -72,6 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             (void)dc::detail::judge_hello(b, 0, dc::detail::handshake_terms::of(l, none), 0);  // a verdict, never an exception
             break;
           }
+          case 3: dc::detail::partition_farewell::check(b, 1, 2); break;
           default: (void)dc::detail::partition_refusal::decode(b);
         }
         break;

@@ -60,15 +60,21 @@ void run_source(comm_t& c, const dc::partition_route& route, std::uint32_t i, st
   CHECK(send.refused_notices() == 0);
 }
 
+/// How a clone rank behaves: receives, plans with other group options (the sources refuse
+/// it), or never starts.
+enum class clone_fate { live, misplanned, silent };
+
 outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chrono::nanoseconds presume, std::chrono::nanoseconds timeout = 20s,
-            std::vector<dc::fault::rule> faults = {}, dc::partition_sharing sharing = dc::partition_sharing::none) {
+            std::vector<dc::fault::rule> faults = {}, dc::partition_sharing sharing = dc::partition_sharing::none,
+            std::vector<clone_fate> clone_fates = {}) {
   const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
   const auto roles = dc::roles::contiguous(n, m);
   const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst, 256, sharing);
-  const dc::partition_group_options opt{16, 256};
-  const auto groups = dc::make_partition_groups(plan, n, m, opt);
-  const dc::partition_failover failover{s.src, plan, opt, 256, presume};
-  const dc::partition_route route{roles, s.lay, groups, tag_base, &failover};
+  const dc::partition_group_options opt{16, 256}, other{32, 512};
+  const auto groups = dc::make_partition_groups(plan, n, m, opt), other_groups = dc::make_partition_groups(plan, n, m, other);
+  const dc::partition_failover failover{s.src, plan, opt, 256, presume}, other_failover{s.src, plan, other, 256, presume};
+  const dc::partition_route route{roles, s.lay, groups, tag_base, &failover}, other_route{roles, s.lay, other_groups, tag_base, &other_failover};
+  clone_fates.resize(m, clone_fate::live);
   dc::inproc::world w(static_cast<int>(n + m));
   auto rules = std::make_shared<dc::fault::plan>();
   for (auto& f : faults) rules->add(f);
@@ -92,9 +98,10 @@ outcome run(const scenario& s, const std::vector<source_fate>& fates, std::chron
       });
   for (std::uint32_t c = 0; c < m; ++c)
     threads.emplace_back([&, c] {
+      if (clone_fates[c] == clone_fate::silent) return;
       try {
         const auto own = spans<std::byte>(out.dst[c]);
-        dc::partition_receiver<comm_t> receive(*comms[n + c], route, c, own);
+        dc::partition_receiver<comm_t> receive(*comms[n + c], clone_fates[c] == clone_fate::misplanned ? other_route : route, c, own);
         receive.wait(timeout);
       } catch (...) {
         out.clone_errors[c] = std::current_exception();
@@ -252,24 +259,26 @@ TEST_CASE("partition failover: notices a source cannot serve are dropped and cou
     (void)c2.wait(r);
   };
   const notice nobody{notice::kind::failover, 0, 1, 0, {0}, {0, 0}};  // source 1's transfers, but no source failed
+  const notice no_forwarder{notice::kind::refetch, 0, 0, 0, {0}, {0, 0}};  // forwards of itself: there is no other clone rank
   {
     const auto out = spans<std::byte>(dst);
     dc::partition_receiver<dc::inproc::communicator> receive(c2, route, 0, out);  // its hello goes first
     send_notice(garbage);
     send_notice(other_bytes);
     send_notice(nobody.encode(s.lay.layer_count()));
+    send_notice(no_forwarder.encode(s.lay.layer_count()));
     send0.send_all();
     send1.send_all();
     receive.wait(10s);
   }
   send0.wait(10s);
   send1.wait(10s);
-  CHECK(send0.refused_notices() == 3);
-  CHECK(contains(send0.last_refusal(), "a source it does not name failed"));
+  CHECK(send0.refused_notices() == 4);
+  CHECK(contains(send0.last_refusal(), "forwarding clone rank 0 of 1"));
   const notice late{notice::kind::failover, 0, 1, 0, {1}, {0, 1}};  // source 1 "failed": its fc2 asked of source 0
   send_notice(late.encode(s.lay.layer_count()));
-  for (int i = 0; i < 1000 && send0.refused_notices() < 4; ++i) send0.progress(), std::this_thread::sleep_for(1ms);
-  CHECK(send0.refused_notices() == 4);
+  for (int i = 0; i < 1000 && send0.refused_notices() < 5; ++i) send0.progress(), std::this_thread::sleep_for(1ms);
+  CHECK(send0.refused_notices() == 5);
   CHECK(contains(send0.last_refusal(), "already released"));
   CHECK(send1.refused_notices() == 0);
   for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, dst, t));
@@ -386,4 +395,34 @@ TEST_CASE("partition failover with sharing: a silent or dying source's share com
     fates[lost] = lost % 2 ? source_fate::silent : source_fate::dies_after_one_layer;
     check_all_exact(s, run(s, fates, 300ms, 20s, {}, dc::partition_sharing::exchange));
   }
+}
+
+TEST_CASE("partition failover with sharing: a clone rank the sources refuse says farewell; its peer gets those bytes from the sources") {
+  // ZeRO-1 into M=2 replicated: each clone rank gets half of every byte from the sources and
+  // the other half forwarded. Clone rank 1 planned with other group options: refused.
+  const auto s = zero1();
+  const auto o = run(s, std::vector(4, source_fate::live), 5s, 20s, {}, dc::partition_sharing::exchange, {clone_fate::live, clone_fate::misplanned});
+  CHECK_MESSAGE(!o.clone_errors[0], (o.clone_errors[0] ? error_text(o.clone_errors[0]) : ""));
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, 0, o.dst[0], t), "tensor " << t);
+  REQUIRE(o.clone_errors[1]);
+  CHECK_MESSAGE(contains(error_text(o.clone_errors[1]), "plan"), error_text(o.clone_errors[1]));
+  for (std::size_t i = 0; i < 4; ++i) CHECK_MESSAGE(!o.source_errors[i], "source " << i << ": " << (o.source_errors[i] ? error_text(o.source_errors[i]) : ""));
+}
+
+TEST_CASE("partition failover with sharing: a forward that fails its checksum comes from the sources instead") {
+  const auto s = tp2_dp2();  // sources 0-3, clone ranks 4-6
+  const dc::fault::rule corrupt{.action = dc::fault::kind::corrupt, .from = 5, .to = 4, .tag_lo = tag_base + 2};
+  check_all_exact(s, run(s, std::vector(4, source_fate::live), 5s, 20s, {corrupt}, dc::partition_sharing::exchange));
+}
+
+TEST_CASE("partition failover with sharing: a clone rank that never starts is presumed silent; its peers get its forwards from the sources") {
+  const auto s = tp2_dp2();
+  const auto o = run(s, std::vector(4, source_fate::live), 300ms, 3s, {}, dc::partition_sharing::exchange,
+                     {clone_fate::live, clone_fate::silent, clone_fate::live});
+  for (std::uint32_t c : {0u, 2u}) {
+    CHECK_MESSAGE(!o.clone_errors[c], "clone rank " << c << ": " << (o.clone_errors[c] ? error_text(o.clone_errors[c]) : ""));
+    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, c, o.dst[c], t), "clone rank " << c << ", tensor " << t);
+  }
+  // The sources keep the layers clone rank 1 wants until they time out (a dead clone rank's limit).
+  for (std::size_t i = 0; i < 4; ++i) CHECK(o.source_errors[i]);
 }

@@ -56,14 +56,15 @@ struct partition_failover {
 
 namespace detail {
 
-/// A clone rank's word to the sources: "layer verified" (an acknowledgement), or "these
-/// sources failed; send me what `source` was to send me in `round`, of these layers".
+/// A clone rank's word to the sources: "layer verified" (an acknowledgement), "these
+/// sources failed; send me what `source` was to send me in `round`, of these layers", or
+/// (sharing) "clone rank `source` does not forward me these layers; send them yourselves".
 struct partition_notice {
   static constexpr std::uint32_t magic = 0x504E5432;  // "PNT2"
-  enum class kind : std::uint32_t { layer_verified = 1, failover = 2 };
+  enum class kind : std::uint32_t { layer_verified = 1, failover = 2, refetch = 3 };
   kind what = kind::layer_verified;
   std::uint32_t clone = 0;
-  std::uint32_t source = 0, round = 0;  ///< failover: whose transfers of which ledger round are lost
+  std::uint32_t source = 0, round = 0;  ///< failover: whose transfers of which ledger round are lost; refetch: the forwarding clone rank
   std::vector<std::uint32_t> layers;    ///< verified: the one layer; failover: the layers lost
   std::vector<char> failed;             ///< failover: 1 per source failed so far
 
@@ -81,20 +82,24 @@ struct partition_notice {
     return seal(w);
   }
   /// Refuses (errc::corrupt_message) a broken seal, another clone rank, a failure list not
-  /// of `sources` entries, a source out of range, a layer bitmap not of `layer_count` bits,
-  /// an acknowledgement of other than one layer.
-  static partition_notice decode(std::span<const std::byte> b, std::uint32_t clone, std::size_t sources, std::size_t layer_count) {
+  /// of `sources` entries, a source (refetch: a clone rank of `clones`, not the sender) out of
+  /// range, a layer bitmap not of `layer_count` bits, an acknowledgement of other than one layer.
+  static partition_notice decode(std::span<const std::byte> b, std::uint32_t clone, std::size_t sources, std::size_t layer_count,
+                                 std::size_t clones = 0) {
     reader r(unseal(b, "partition notice"), "partition notice");
     if (r.u32() != magic) r.fail("bad magic word");
     partition_notice n;
     const auto what = r.u32();
-    if (what != 1 && what != 2) r.fail("unknown kind " + std::to_string(what));
+    if (what < 1 || what > 3) r.fail("unknown kind " + std::to_string(what));
     n.what = static_cast<kind>(what);
     if ((n.clone = r.u32()) != clone) r.fail("names clone rank " + std::to_string(n.clone) + ", sent by " + std::to_string(clone));
-    if ((n.source = r.u32()) >= sources) r.fail("source " + std::to_string(n.source) + " of " + std::to_string(sources));
+    n.source = r.u32();
+    if (n.what != kind::refetch && n.source >= sources) r.fail("source " + std::to_string(n.source) + " of " + std::to_string(sources));
+    if (n.what == kind::refetch && (n.source >= clones || n.source == clone))
+      r.fail("forwarding clone rank " + std::to_string(n.source) + " of " + std::to_string(clones));
     n.round = r.u32();
     const auto failed = r.u32();
-    if (failed != (n.what == kind::failover ? sources : 0)) r.fail("a failure list of " + std::to_string(failed) + " sources");
+    if (failed != (n.what == kind::layer_verified ? 0 : sources)) r.fail("a failure list of " + std::to_string(failed) + " sources");
     for (std::uint32_t s = 0; s < failed; ++s) n.failed.push_back(r.u8() != 0);
     if (r.u32() != (layer_count + 7) / 8) r.fail("a layer bitmap of another size");
     for (std::uint32_t i = 0; i < (layer_count + 7) / 8; ++i)
@@ -116,7 +121,9 @@ struct partition_notice {
 /// the layers whose groups had not verified (never bytes already verified).
 class failover_ledger {
  public:
-  failover_ledger(const partition_plan& plan, std::uint32_t clone) { rounds_.push_back(plan.only([&](auto& x) { return x.clone == clone; })); }
+  failover_ledger(const partition_plan& plan, std::uint32_t clone) : clone_(clone) {
+    rounds_.push_back(plan.only([&](auto& x) { return x.clone == clone; }));
+  }
   /// The round the next notice's replacements will be.
   std::uint32_t next_round() const noexcept { return static_cast<std::uint32_t>(rounds_.size()); }
   /// Replaces the transfers `n` names by transfers from live holders (each range split evenly
@@ -137,9 +144,29 @@ class failover_ledger {
     rounds_.push_back(std::move(replacement));
     return make_partition_groups(rounds_.back(), static_cast<std::uint32_t>(f.sources.size()), clones, f.options);
   }
+  /// Sharing's fallback: the forwards of clone rank `n.source` to this ledger's clone rank in
+  /// `n.layers` (each (forwarder, layer) asked once) sent by the live sources holding their
+  /// bytes instead, as round next_round(); returned grouped. Throws like apply.
+  partition_groups refetch(const layout& global, const partition_failover& f, const partition_notice& n, std::uint32_t clones) {
+    std::vector<region_transfer> lost;
+    for (auto l : n.layers) {
+      const std::pair<std::uint32_t, std::uint32_t> key{n.source, l};
+      if (std::find(refetched_.begin(), refetched_.end(), key) != refetched_.end())
+        throw error(errc::invalid_argument, "asks again for the forwards of layer " + std::to_string(l) + " from clone rank " + std::to_string(n.source));
+      for (const auto& x : f.plan.forwards())
+        if (x.source == n.source && x.clone == clone_ && x.layer == l) lost.push_back(x);
+    }
+    if (lost.empty()) throw error(errc::invalid_argument, "a refetch notice that names no forward");
+    auto replacement = make_refetch_plan(global, f.sources, lost, std::vector<bool>(n.failed.begin(), n.failed.end()), f.alignment);
+    for (auto l : n.layers) refetched_.emplace_back(n.source, l);
+    rounds_.push_back(std::move(replacement));
+    return make_partition_groups(rounds_.back(), static_cast<std::uint32_t>(f.sources.size()), clones, f.options);
+  }
 
  private:
+  std::uint32_t clone_;
   std::vector<partition_plan> rounds_;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> refetched_;  // (forwarding clone rank, layer) asked of the sources
 };
 
 /// Refuses (errc::invalid_argument) failover holdings for another number of sources than the route's.
@@ -165,6 +192,7 @@ class source_failover {
     wanted_.assign(global.layer_count(), std::vector<char>(clones_, 0));
     acked_ = wanted_;
     for (const auto& g : groups.groups()) wanted_[g.layer][g.clone] = 1;
+    for (const auto& g : groups.forwards()) wanted_[g.layer][g.clone] = 1;  // the sources may be asked for forwarded bytes
     gone_.assign(clones_, 0);
     failed_.assign(clones_, std::vector<char>(f.sources.size(), 0));
     for (std::uint32_t c = 0; c < clones_; ++c) ledgers_.emplace_back(f.plan, c);
@@ -174,7 +202,7 @@ class source_failover {
   /// may have overwritten it), so no replacement of it can be served any more. Throws for a
   /// notice it refuses (the sender drops and counts it).
   bool take(std::uint32_t c, std::span<const std::byte> b, const std::vector<char>& released) {
-    const auto n = partition_notice::decode(b, c, failover_.sources.size(), global_.layer_count());
+    const auto n = partition_notice::decode(b, c, failover_.sources.size(), global_.layer_count(), clones_);
     if (n.what == partition_notice::kind::layer_verified) {
       acked_[n.layers.front()][c] = 1;
       return false;
@@ -216,7 +244,8 @@ class source_failover {
         throw error(errc::invalid_argument, "asks for layer '" + global_.layers()[l].name + "', which this source already released");
     for (std::size_t s = 0; s < n.failed.size(); ++s)
       if (failed_[c][s] && !n.failed[s]) throw error(errc::invalid_argument, "a failover notice that revives source " + std::to_string(s));
-    auto groups = ledgers_[c].apply(global_, failover_, n, clones_);
+    auto groups = n.what == partition_notice::kind::refetch ? ledgers_[c].refetch(global_, failover_, n, clones_)
+                                                            : ledgers_[c].apply(global_, failover_, n, clones_);
     failed_[c] = n.failed;
     for (auto gi : groups.sent_by_source(source_)) pending_.push_back(groups.groups()[gi]);
   }
@@ -286,6 +315,17 @@ class clone_failover {
     for (const auto& n : notices) notify(n);
     if (notices.empty())  // a failed source with nothing lost here still learns it is presumed failed
       for (auto s : failed) farewells_.send_owned(comm_, source_ranks_[s], tag_, farewell(s).encode(global_.layer_count()));
+    return out;
+  }
+  /// Sharing's fallback: asks the live sources for the forwards of clone rank `forwarder` to
+  /// this rank in `layers` and returns the groups that carry them (one notice to every source).
+  /// Throws errc::source_failed where no live source holds a byte of them; nothing changes then.
+  replacement_groups refetch(std::uint32_t forwarder, std::vector<std::uint32_t> layers) {
+    const partition_notice n{partition_notice::kind::refetch, clone_, forwarder, 0, std::move(layers), failed_};
+    auto ledger = ledger_;
+    replacement_groups out{ledger.next_round(), ledger.refetch(global_, failover_, n, clones_)};
+    ledger_ = std::move(ledger);
+    notify(n);
     return out;
   }
   bool failed(std::uint32_t s) const { return failed_.at(s) != 0; }
