@@ -17,8 +17,9 @@
 /// the clone ranks that want it, and that clone rank forwards it (detail/group_sender.hpp,
 /// as a source sends) to the others once it verified that layer's groups from the sources;
 /// a forwarded group is verified like a source's, on the same tags (from the forwarding
-/// clone rank), and is never failed over: a clone rank that does not forward (refused, gone)
-/// leaves the clone ranks it forwards to timing out, naming the forwarded group.
+/// clone rank). With failover, what a clone rank does not forward (refused, gone, silent,
+/// corrupt) comes from the sources instead (detail/partition_exchange.hpp); without, its
+/// peers time out naming the forwarded group.
 ///
 /// Each layer has its own pair of tags (data, sums) from `tag_base` on, so a source may send
 /// its layers in any order (a trainer updates them last-first); within one layer, the
