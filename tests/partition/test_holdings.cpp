@@ -22,15 +22,20 @@ using namespace partition_test;
 
 namespace {
 
+/// Every rank's brute-force map of tensor t (global byte -> offset in its own tensor).
+std::vector<byte_map> maps_of(const dc::layout& lay, std::uint32_t t, const std::vector<dc::holdings>& ranks) {
+  std::vector<byte_map> out;
+  for (auto& h : ranks) out.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
+  return out;
+}
+
 /// Every byte a clone rank wants arrives exactly once, at the right place, from a source
 /// that holds it at the offset the transfer names; nothing unwanted arrives.
 void check_transfers(const std::vector<dc::region_transfer>& transfers, const dc::layout& lay, const std::vector<dc::holdings>& src,
                      const std::vector<dc::holdings>& dst) {
   for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
     CAPTURE(lay.tensor(t).name);
-    std::vector<byte_map> held, wanted;
-    for (auto& h : src) held.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
-    for (auto& h : dst) wanted.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
+    const auto held = maps_of(lay, t, src), wanted = maps_of(lay, t, dst);
     std::vector<std::map<std::uint64_t, int>> got(dst.size());
     bool ok = true;
     for (auto& x : transfers) {
@@ -306,9 +311,7 @@ void check_shared(const dc::partition_plan& p, const dc::layout& lay, const std:
                   const std::vector<dc::holdings>& dst) {
   for (std::uint32_t t = 0; t < lay.tensor_count(); ++t) {
     CAPTURE(lay.tensor(t).name);
-    std::vector<byte_map> held, wanted;
-    for (auto& h : src) held.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
-    for (auto& h : dst) wanted.push_back(brute_map(lay.tensor(t), h.of_tensor[t]));
+    const auto held = maps_of(lay, t, src), wanted = maps_of(lay, t, dst);
     std::vector<std::map<std::uint64_t, int>> got(dst.size()), from_source(dst.size());
     std::map<std::uint64_t, int> sent;
     bool ok = true;
