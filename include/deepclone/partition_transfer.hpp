@@ -335,7 +335,8 @@ class partition_receiver {
     for (auto* in : lost) {
       withdraw(*in);
       in->replaced = true;
-      --unverified_[in->group->layer], --from_sources_[in->group->layer];
+      --unverified_[in->group->layer];
+      if (in->gates_forwards) --from_sources_[in->group->layer];
     }
     for (auto& r : more) {
       const auto& kept = replacements_.emplace_back(std::move(r.groups));
@@ -372,6 +373,7 @@ class partition_receiver {
     const partition_group* group = nullptr;  ///< in route.groups or a failover's replacements
     bool replaced = false;                   ///< withdrawn: its source failed, replacement groups carry its bytes
     std::uint32_t round = 0;                 ///< the failover round that brought it (0: the plan's)
+    bool gates_forwards = false;             ///< from a source, and this rank's forwards of its layer wait for it
     std::vector<typename Comm::request_type> data;
     std::vector<std::vector<std::byte>> packed;  // per message; empty for a direct one
     std::vector<std::byte> sums;
@@ -385,18 +387,18 @@ class partition_receiver {
   };
 
   /// Posts every receive of group `g` (of ledger round `round`: 0 for the plan's groups), from
-  /// a source or, forwarded, from another clone rank.
-  void post_group(const partition_group& g, std::uint32_t round) {
+  /// a source or, forwarded, from another clone rank. `refetched`: it carries bytes another
+  /// clone rank did not forward (this rank forwards none of them, so its forwards do not wait).
+  void post_group(const partition_group& g, std::uint32_t round, bool refetched = false) {
     const int data = detail::partition_tag(route_.tag_base, g.layer, false);
     const int from = g.forwarded ? route_.ranks.clones.at(g.source) : route_.ranks.sources.at(g.source);
     auto& in = incoming_.emplace_back();
     in.group = &g;
     in.round = round;
+    in.gates_forwards = !g.forwarded && !refetched;
     ++unverified_.at(g.layer);
-    if (!g.forwarded) {
-      ++from_sources_.at(g.layer);
-      quiet_since_.at(g.source) = detail::clock::now();  // asked for more: silence counts from now
-    }
+    if (in.gates_forwards) ++from_sources_.at(g.layer);
+    if (!g.forwarded) quiet_since_.at(g.source) = detail::clock::now();  // asked for more: silence counts from now
     for (const auto& m : g.messages) {
       const bool buffered = m.packed && !detail::gathers<Comm>(m);
       auto& buf = in.packed.emplace_back(buffered ? static_cast<std::size_t>(m.bytes) : 0);
@@ -448,7 +450,7 @@ class partition_receiver {
     for (std::size_t i = 0; i < g.messages.size(); ++i)
       if (g.messages[i].packed && !detail::gathers<Comm>(g.messages[i])) unpack(route_.global, g.messages[i].runs, in.packed[i], tensors_);
     in.verified = true;
-    delivered(g);
+    delivered(in);
     return true;
   }
   /// Groups that failed verification (with failover): their sources are presumed faulty for
@@ -475,14 +477,16 @@ class partition_receiver {
       throw error(errc::corrupt_message, found.front().what + "; no other source can send it again: " + e.details());
     }
   }
-  /// Group `g` verified: notes its source alive, and acknowledges its layer once complete.
-  void delivered(const partition_group& g) {
+  /// Group `in` verified: notes its sender alive, and acknowledges its layer once complete.
+  void delivered(const incoming& in) {
+    const auto& g = *in.group;
     if (g.forwarded && peers_) peers_->heard(g.source);
     if (!g.forwarded) {
       quiet_since_[g.source] = detail::clock::now();
+      if (!any_delivered_ && peers_) peers_->restart_clocks();  // no forwarder could forward before the sources delivered
       any_delivered_ = true;
-      --from_sources_[g.layer];
     }
+    if (in.gates_forwards) --from_sources_[g.layer];
     if (--unverified_[g.layer] == 0 && failover_) failover_->acknowledge(g.layer);
   }
   /// partition_sharing::exchange: forwards this rank's share of each layer to the other clone
@@ -526,13 +530,13 @@ class partition_receiver {
       }
     if (!lost.empty()) {
       auto more = failover_->refetch(forwarder, std::move(layers));  // throws: nothing withdrawn
-      for (auto* in : lost) {
+      const auto& kept = replacements_.emplace_back(std::move(more.groups));
+      for (auto gi : kept.received_by_clone(clone_)) post_group(kept.groups()[gi], more.round, true);
+      for (auto* in : lost) {  // once the replacements are posted and counted
         withdraw(*in);
         in->replaced = true;
         --unverified_[in->group->layer];
       }
-      const auto& kept = replacements_.emplace_back(std::move(more.groups));
-      for (auto gi : kept.received_by_clone(clone_)) post_group(kept.groups()[gi], more.round);
     }
     if (!peers_->gone(forwarder)) peers_->say_farewell(forwarder);  // it no longer forwards to this rank, nor this rank to it
     if (forward_) forward_->withdraw([forwarder](std::uint32_t to) { return to == forwarder; });
@@ -549,7 +553,7 @@ class partition_receiver {
   /// With failover: presumes failed the sources this rank still awaits that neither delivered
   /// a group nor were asked for one for `presume_failed_after`, once some source delivered one.
   void presume_silent_failed() {
-    if (!failover_ || !any_delivered_) return;
+    if (!failover_ || (!any_delivered_ && !route_.groups.received_by_clone(clone_).empty())) return;  // forwards only: from the start
     const auto now = detail::clock::now();
     std::vector<std::uint32_t> silent, silent_forwarders;
     for (const auto& in : incoming_) {

@@ -72,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             (void)dc::detail::judge_hello(b, 0, dc::detail::handshake_terms::of(l, none), 0);  // a verdict, never an exception
             break;
           }
-          case 3: dc::detail::partition_farewell::check(b, 1, 2); break;
+          case 3: dc::detail::partition_farewell::check(b, 1, 2, 7); break;
           default: (void)dc::detail::partition_refusal::decode(b);
         }
         break;

@@ -426,3 +426,19 @@ TEST_CASE("partition failover with sharing: a clone rank that never starts is pr
   // The sources keep the layers clone rank 1 wants until they time out (a dead clone rank's limit).
   for (std::size_t i = 0; i < 4; ++i) CHECK(o.source_errors[i]);
 }
+
+TEST_CASE("partition failover with sharing: a clone rank that only receives forwards gets them from the sources when its forwarder never starts") {
+  // One 64-byte tensor, one source, two clone ranks: the granule is the whole tensor, so one
+  // clone rank gets it from the source and forwards it; the other only receives forwards.
+  dc::layout lay;
+  lay.add_layer({"only", {tensor("w", {16})}});
+  const scenario s{lay, {dc::holdings::replicated(lay)}, {dc::holdings::replicated(lay), dc::holdings::replicated(lay)}};
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst, 256, dc::partition_sharing::exchange);
+  REQUIRE(plan.forwards().size() == 1);
+  const auto forwarder = plan.forwards()[0].source, other = 1 - forwarder;
+  std::vector fates(2, clone_fate::live);
+  fates[forwarder] = clone_fate::silent;
+  const auto o = run(s, {source_fate::live}, 300ms, 3s, {}, dc::partition_sharing::exchange, fates);
+  CHECK_MESSAGE(!o.clone_errors[other], (o.clone_errors[other] ? error_text(o.clone_errors[other]) : ""));
+  CHECK(holds_pattern(s, other, o.dst[other], 0));
+}

@@ -8,6 +8,7 @@
 /// sources for what it awaited from it. So one clone rank that does not forward leaves its
 /// peers refetching from the sources instead of timing out. Templated on the communicator.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -19,25 +20,29 @@
 #include "../roles.hpp"
 #include "bytes.hpp"
 #include "outbox.hpp"
+#include "partition_handshake.hpp"
 #include "wire.hpp"
 
 namespace deepclone::detail {
 
-/// A farewell from one clone rank to another (sealed; small, so an eager send).
+/// A farewell from one clone rank to another (sealed; small, so an eager send), naming the
+/// transfer by its groups' fingerprint, so that one left over from another plan is not taken.
 struct partition_farewell {
-  static constexpr std::uint32_t magic = 0x50465731;  // "PFW1"
+  static constexpr std::uint32_t magic = 0x50465732;  // "PFW2"
   std::uint32_t from = 0, to = 0;
-  static constexpr std::size_t size = 3 * 4 + 8;
+  std::uint64_t plan = 0;  ///< groups_fingerprint of the transfer
+  static constexpr std::size_t size = 3 * 4 + 8 + 8;
   std::vector<std::byte> encode() const {
     writer w;
-    w.u32(magic), w.u32(from), w.u32(to);
+    w.u32(magic), w.u32(from), w.u32(to), w.u64(plan);
     return seal(w);
   }
-  /// Refuses (errc::corrupt_message) anything but a farewell from `from` to `to`.
-  static void check(std::span<const std::byte> b, std::uint32_t from, std::uint32_t to) {
+  /// Refuses (errc::corrupt_message) anything but a farewell from `from` to `to` in `plan`.
+  static void check(std::span<const std::byte> b, std::uint32_t from, std::uint32_t to, std::uint64_t plan) {
     reader r(unseal(b, "partition farewell"), "partition farewell");
     if (r.u32() != magic) r.fail("bad magic word");
     if (r.u32() != from || r.u32() != to) r.fail("a farewell of other clone ranks");
+    if (r.u64() != plan) r.fail("a farewell of another transfer");
     r.expect_end();
   }
 };
@@ -49,23 +54,20 @@ template <class Comm>
 class exchange_peers {
  public:
   exchange_peers(Comm& c, const roles& ranks, const partition_groups& groups, std::uint32_t clone, int tag)
-      : comm_(c), ranks_(ranks), clone_(clone), tag_(tag), gone_(ranks.clone_count(), 0), said_(gone_),
+      : comm_(c), ranks_(ranks), clone_(clone), tag_(tag), plan_(groups_fingerprint(groups)), gone_(ranks.clone_count(), 0), said_(gone_),
         heard_(ranks.clone_count(), clock::now()) {
     std::vector<char> peer(ranks.clone_count(), 0);
     for (auto g : groups.forwarded_by_clone(clone)) peer[groups.forwards()[g].clone] = 1;
     for (auto g : groups.forwarded_to_clone(clone)) peer[groups.forwards()[g].source] = 1;
     for (std::uint32_t p = 0; p < peer.size(); ++p)
-      if (peer[p]) {
-        auto& in = incoming_.emplace_back(p);
-        in.request = comm_.irecv(ranks_.clones.at(p), tag_, std::span<std::byte>(in.bytes));
-      }
+      if (peer[p]) post(incoming_.emplace_back(p));
   }
   exchange_peers(const exchange_peers&) = delete;
   exchange_peers& operator=(const exchange_peers&) = delete;
   ~exchange_peers() { cancel(); }
 
   /// The peers whose farewell arrived since the last call (a message that is no farewell
-  /// from that peer is dropped, and its receive not posted again).
+  /// of this transfer from that peer is dropped, and the receive posted again).
   std::vector<std::uint32_t> take_farewells() {
     std::vector<std::uint32_t> out;
     for (auto& in : incoming_) {
@@ -74,10 +76,11 @@ class exchange_peers {
       if (!n) continue;
       in.taken = true;
       try {
-        partition_farewell::check(std::span<const std::byte>(in.bytes).first(*n), in.peer, clone_);
+        partition_farewell::check(std::span<const std::byte>(in.bytes).first(*n), in.peer, clone_, plan_);
         if (!gone(in.peer)) out.push_back(in.peer);
         gone_[in.peer] = 1;
-      } catch (const error&) {  // a peer's garbage: not a farewell
+      } catch (const error&) {  // a peer's garbage, or a farewell of another transfer: listen again
+        post(in);
       }
     }
     return out;
@@ -87,8 +90,8 @@ class exchange_peers {
   /// Tells peer `p` (once) that this rank no longer forwards to it nor awaits its forwards.
   void say_farewell(std::uint32_t p) {
     if (said_.at(p)) return;
-    said_[p] = 1;
-    out_.send_owned(comm_, ranks_.clones.at(p), tag_, partition_farewell{clone_, p}.encode());
+    out_.send_owned(comm_, ranks_.clones.at(p), tag_, partition_farewell{clone_, p, plan_}.encode());
+    said_[p] = 1;  // after the send: one that throws is said again
   }
   /// Says farewell to every peer (this rank gives up); never throws.
   void farewell_all() noexcept {
@@ -101,6 +104,9 @@ class exchange_peers {
   }
   /// A forward of peer `p` verified here (its silence counts from now).
   void heard(std::uint32_t p) { heard_.at(p) = clock::now(); }
+  /// The sources began to deliver: every forwarder's silence counts from now (none could
+  /// forward before it got its bytes from the sources).
+  void restart_clocks() { std::fill(heard_.begin(), heard_.end(), clock::now()); }
   clock::time_point last_heard(std::uint32_t p) const { return heard_.at(p); }
   /// Withdraws the farewell receives and the farewells not yet sent.
   void cancel() noexcept {
@@ -115,6 +121,10 @@ class exchange_peers {
   }
 
  private:
+  void post(auto& in) {
+    in.taken = false;
+    in.request = comm_.irecv(ranks_.clones.at(in.peer), tag_, std::span<std::byte>(in.bytes));
+  }
   struct posted {
     explicit posted(std::uint32_t p) : peer(p) {}
     std::uint32_t peer;
@@ -126,6 +136,7 @@ class exchange_peers {
   const roles& ranks_;
   std::uint32_t clone_;
   int tag_;
+  std::uint64_t plan_;
   std::vector<char> gone_, said_;
   std::vector<clock::time_point> heard_;
   std::deque<posted> incoming_;  // a deque: receives write into its elements' buffers

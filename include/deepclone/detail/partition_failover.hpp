@@ -148,14 +148,15 @@ class failover_ledger {
   /// `n.layers` (each (forwarder, layer) asked once) sent by the live sources holding their
   /// bytes instead, as round next_round(); returned grouped. Throws like apply.
   partition_groups refetch(const layout& global, const partition_failover& f, const partition_notice& n, std::uint32_t clones) {
-    std::vector<region_transfer> lost;
+    std::vector<char> in_layers(global.layer_count(), 0);
     for (auto l : n.layers) {
-      const std::pair<std::uint32_t, std::uint32_t> key{n.source, l};
-      if (std::find(refetched_.begin(), refetched_.end(), key) != refetched_.end())
+      if (std::find(refetched_.begin(), refetched_.end(), std::pair{n.source, l}) != refetched_.end())
         throw error(errc::invalid_argument, "asks again for the forwards of layer " + std::to_string(l) + " from clone rank " + std::to_string(n.source));
-      for (const auto& x : f.plan.forwards())
-        if (x.source == n.source && x.clone == clone_ && x.layer == l) lost.push_back(x);
+      in_layers[l] = 1;
     }
+    std::vector<region_transfer> lost;  // one pass over the forwards, after every check
+    for (const auto& x : f.plan.forwards())
+      if (x.source == n.source && x.clone == clone_ && in_layers[x.layer]) lost.push_back(x);
     if (lost.empty()) throw error(errc::invalid_argument, "a refetch notice that names no forward");
     auto replacement = make_refetch_plan(global, f.sources, lost, std::vector<bool>(n.failed.begin(), n.failed.end()), f.alignment);
     for (auto l : n.layers) refetched_.emplace_back(n.source, l);
