@@ -275,7 +275,7 @@ class partition_receiver {
         const std::vector<std::span<const std::byte>> own(tensors_.begin(), tensors_.end());
         forward_.emplace(comm_, route_.global, route_.tag_base, own);
       }
-      if (failover_) peers_.emplace(comm_, route_.ranks, route_.groups, clone_, detail::control_tag(route_.tag_base));
+      if (failover_) peers_.emplace(comm_, route_.ranks, route_.global, route_.groups, clone_, detail::control_tag(route_.tag_base));
     } catch (...) {  // a run outside an own tensor: nothing stays posted
       cancel();
       throw;

@@ -167,3 +167,41 @@ TEST_CASE("partition transfer over MPI: a clone rank that declares another globa
   }
   c.barrier();
 }
+
+TEST_CASE("partition transfer over MPI with sharing and failover: a refused clone rank says farewell; its peer gets everything from the sources") {
+  boost::mpi::communicator world;
+  dc::mpi::communicator c(world);
+  const auto s = zero1();  // M=2 replicated: half of every byte comes forwarded from the other clone rank
+  const auto roles = dc::roles::contiguous(4, 2);
+  const auto plan = dc::make_partition_plan(s.lay, s.src, s.dst, 256, dc::partition_sharing::exchange);
+  const dc::partition_group_options opt{16, 256}, other{32, 512};  // clone rank 1 plans with other options: refused
+  const auto groups = dc::make_partition_groups(plan, 4, 2, opt), other_groups = dc::make_partition_groups(plan, 4, 2, other);
+  // Presuming silence would take 120 s, past the 60 s timeout: only the farewell gets clone rank 0 done.
+  const dc::partition_failover failover{s.src, plan, opt, 256, std::chrono::seconds(120)},
+      other_failover{s.src, plan, other, 256, std::chrono::seconds(120)};
+  const dc::partition_route route{roles, s.lay, groups, 400, &failover}, other_route{roles, s.lay, other_groups, 400, &other_failover};
+  const auto me = static_cast<std::uint32_t>(c.rank());
+  if (me < 4) {
+    auto own = own_tensors(s.lay, s.src[me], true);
+    const auto bytes = spans<const std::byte>(own);
+    dc::partition_sender<dc::mpi::communicator> send(c, route, me, bytes);
+    for (auto l = static_cast<std::uint32_t>(s.lay.layer_count()); l-- > 0;) send.send_layer(l);
+    send.wait(std::chrono::seconds(60));
+    CHECK(send.refused(1));
+  } else if (me == 4) {
+    auto own = own_tensors(s.lay, s.dst[0], false);
+    const auto bytes = spans<std::byte>(own);
+    dc::partition_receiver<dc::mpi::communicator>(c, route, 0, bytes).wait(std::chrono::seconds(60));
+    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, own, t));
+  } else if (me == 5) {
+    auto own = own_tensors(s.lay, s.dst[1], false);
+    const auto bytes = spans<std::byte>(own);
+    try {
+      dc::partition_receiver<dc::mpi::communicator>(c, other_route, 1, bytes).wait(std::chrono::seconds(60));
+      FAIL("a clone rank that planned otherwise was served");
+    } catch (const dc::error& e) {
+      CHECK_MESSAGE(std::string(e.what()).find("plan") != std::string::npos, e.what());
+    }
+  }
+  c.barrier();
+}

@@ -401,7 +401,8 @@ TEST_CASE("partition failover with sharing: a clone rank the sources refuse says
   // ZeRO-1 into M=2 replicated: each clone rank gets half of every byte from the sources and
   // the other half forwarded. Clone rank 1 planned with other group options: refused.
   const auto s = zero1();
-  const auto o = run(s, std::vector(4, source_fate::live), 5s, 20s, {}, dc::partition_sharing::exchange, {clone_fate::live, clone_fate::misplanned});
+  // Presuming silence would take 60 s, past the 20 s timeout: only the farewell gets clone rank 0 done.
+  const auto o = run(s, std::vector(4, source_fate::live), 60s, 20s, {}, dc::partition_sharing::exchange, {clone_fate::live, clone_fate::misplanned});
   CHECK_MESSAGE(!o.clone_errors[0], (o.clone_errors[0] ? error_text(o.clone_errors[0]) : ""));
   for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, 0, o.dst[0], t), "tensor " << t);
   REQUIRE(o.clone_errors[1]);

@@ -20,29 +20,32 @@
 #include "../roles.hpp"
 #include "bytes.hpp"
 #include "outbox.hpp"
-#include "partition_handshake.hpp"
+#include "../partition_declaration.hpp"
 #include "wire.hpp"
 
 namespace deepclone::detail {
 
 /// A farewell from one clone rank to another (sealed; small, so an eager send), naming the
-/// transfer by its groups' fingerprint, so that one left over from another plan is not taken.
+/// global layout by its declaration's fingerprint, so that one left over from a transfer of
+/// another model on the same tags is not taken (one of the same model is: give each transfer
+/// its own tags). Not the plan's fingerprint: a peer that planned otherwise and was refused
+/// must still be heard.
 struct partition_farewell {
   static constexpr std::uint32_t magic = 0x50465732;  // "PFW2"
   std::uint32_t from = 0, to = 0;
-  std::uint64_t plan = 0;  ///< groups_fingerprint of the transfer
+  std::uint64_t layout_id = 0;  ///< global_declaration::fingerprint() of the global layout
   static constexpr std::size_t size = 3 * 4 + 8 + 8;
   std::vector<std::byte> encode() const {
     writer w;
-    w.u32(magic), w.u32(from), w.u32(to), w.u64(plan);
+    w.u32(magic), w.u32(from), w.u32(to), w.u64(layout_id);
     return seal(w);
   }
-  /// Refuses (errc::corrupt_message) anything but a farewell from `from` to `to` in `plan`.
-  static void check(std::span<const std::byte> b, std::uint32_t from, std::uint32_t to, std::uint64_t plan) {
+  /// Refuses (errc::corrupt_message) anything but a farewell from `from` to `to` for `layout_id`.
+  static void check(std::span<const std::byte> b, std::uint32_t from, std::uint32_t to, std::uint64_t layout_id) {
     reader r(unseal(b, "partition farewell"), "partition farewell");
     if (r.u32() != magic) r.fail("bad magic word");
     if (r.u32() != from || r.u32() != to) r.fail("a farewell of other clone ranks");
-    if (r.u64() != plan) r.fail("a farewell of another transfer");
+    if (r.u64() != layout_id) r.fail("a farewell of another transfer");
     r.expect_end();
   }
 };
@@ -53,8 +56,9 @@ struct partition_farewell {
 template <class Comm>
 class exchange_peers {
  public:
-  exchange_peers(Comm& c, const roles& ranks, const partition_groups& groups, std::uint32_t clone, int tag)
-      : comm_(c), ranks_(ranks), clone_(clone), tag_(tag), plan_(groups_fingerprint(groups)), gone_(ranks.clone_count(), 0), said_(gone_),
+  exchange_peers(Comm& c, const roles& ranks, const layout& global, const partition_groups& groups, std::uint32_t clone, int tag)
+      : comm_(c), ranks_(ranks), clone_(clone), tag_(tag), layout_id_(global_declaration::of(global).fingerprint()), gone_(ranks.clone_count(), 0),
+        said_(gone_),
         heard_(ranks.clone_count(), clock::now()) {
     std::vector<char> peer(ranks.clone_count(), 0);
     for (auto g : groups.forwarded_by_clone(clone)) peer[groups.forwards()[g].clone] = 1;
@@ -76,7 +80,7 @@ class exchange_peers {
       if (!n) continue;
       in.taken = true;
       try {
-        partition_farewell::check(std::span<const std::byte>(in.bytes).first(*n), in.peer, clone_, plan_);
+        partition_farewell::check(std::span<const std::byte>(in.bytes).first(*n), in.peer, clone_, layout_id_);
         if (!gone(in.peer)) out.push_back(in.peer);
         gone_[in.peer] = 1;
       } catch (const error&) {  // a peer's garbage, or a farewell of another transfer: listen again
@@ -90,7 +94,7 @@ class exchange_peers {
   /// Tells peer `p` (once) that this rank no longer forwards to it nor awaits its forwards.
   void say_farewell(std::uint32_t p) {
     if (said_.at(p)) return;
-    out_.send_owned(comm_, ranks_.clones.at(p), tag_, partition_farewell{clone_, p, plan_}.encode());
+    out_.send_owned(comm_, ranks_.clones.at(p), tag_, partition_farewell{clone_, p, layout_id_}.encode());
     said_[p] = 1;  // after the send: one that throws is said again
   }
   /// Says farewell to every peer (this rank gives up); never throws.
@@ -136,7 +140,7 @@ class exchange_peers {
   const roles& ranks_;
   std::uint32_t clone_;
   int tag_;
-  std::uint64_t plan_;
+  std::uint64_t layout_id_;
   std::vector<char> gone_, said_;
   std::vector<clock::time_point> heard_;
   std::deque<posted> incoming_;  // a deque: receives write into its elements' buffers
