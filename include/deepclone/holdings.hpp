@@ -380,13 +380,14 @@ inline partition_plan make_partition_plan(const layout& global, const std::vecto
                                               detail::tensor_label(global, t) +
                                               " (the sources' holdings must cover every byte of the global state)");
     };
-    const auto ranges = detail::assign_sources(0, global.tensor(t).bytes, src, std::vector<bool>(src.size(), false),
-                                               granule(global.tensor(t), alignment), rotate, uncovered);
+    const auto granule_bytes = granule(global.tensor(t), alignment);
+    const auto ranges = detail::assign_sources(0, global.tensor(t).bytes, src, std::vector<bool>(src.size(), false), granule_bytes, rotate,
+                                               uncovered);
     const auto layer = static_cast<std::uint32_t>(global.layer_of(t));
     if (sharing == partition_sharing::exchange) {
       const detail::wanted_runs want(global, t, clones);
       for (const auto& r : ranges)
-        detail::share_range(r, t, layer, src[r.source], want, granule(global.tensor(t), alignment), share_rotate, p.transfers_, p.forwards_);
+        detail::share_range(r, t, layer, src[r.source], want, granule_bytes, share_rotate, p.transfers_, p.forwards_);
       continue;
     }
     for (std::uint32_t c = 0; c < clones.size(); ++c)

@@ -512,6 +512,9 @@ class partition_receiver {
     return true;
   }
   bool peer_gone(std::uint32_t c) const { return peers_ && peers_->gone(c); }
+  static void add_once(std::vector<std::uint32_t>& v, std::uint32_t x) {
+    if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
+  }
   /// Farewells of peers: no more forwards to them (those pending are withdrawn), and what
   /// this rank awaited from them comes from the sources.
   void take_farewells() {
@@ -526,7 +529,7 @@ class partition_receiver {
     for (auto& in : incoming_)
       if (in.group->forwarded && in.group->source == forwarder && !in.verified && !in.replaced) {
         lost.push_back(&in);
-        if (std::find(layers.begin(), layers.end(), in.group->layer) == layers.end()) layers.push_back(in.group->layer);
+        add_once(layers, in.group->layer);
       }
     if (!lost.empty()) {
       auto more = failover_->refetch(forwarder, std::move(layers));  // throws: nothing withdrawn
@@ -557,13 +560,10 @@ class partition_receiver {
     const auto now = detail::clock::now();
     std::vector<std::uint32_t> silent, silent_forwarders;
     for (const auto& in : incoming_) {
+      if (in.verified || in.replaced) continue;
       const auto s = in.group->source;
-      if (in.group->forwarded && !in.verified && !in.replaced && now - peers_->last_heard(s) > route_.failover->presume_failed_after &&
-          std::find(silent_forwarders.begin(), silent_forwarders.end(), s) == silent_forwarders.end())
-        silent_forwarders.push_back(s);
-      if (!in.verified && !in.replaced && !in.group->forwarded && now - quiet_since_[s] > route_.failover->presume_failed_after &&
-          std::find(silent.begin(), silent.end(), s) == silent.end())
-        silent.push_back(s);
+      const auto last = in.group->forwarded ? peers_->last_heard(s) : quiet_since_[s];
+      if (now - last > route_.failover->presume_failed_after) add_once(in.group->forwarded ? silent_forwarders : silent, s);
     }
     if (!silent.empty()) fail_over(silent);
     for (auto f : silent_forwarders) refetch_from(f);
@@ -604,7 +604,7 @@ class partition_receiver {
   std::vector<std::span<std::byte>> tensors_;
   std::deque<incoming> incoming_;  // a deque: receives write into its elements' buffers, which must not move
   std::vector<std::uint32_t> unverified_;                    // per layer: groups not verified nor replaced
-  std::vector<std::uint32_t> from_sources_;                  // per layer: of those, groups from sources (not forwarded)
+  std::vector<std::uint32_t> from_sources_;                  // per layer: of those, the ones this rank's forwards wait for (gates_forwards)
   std::vector<char> forwarded_;                              // per group this rank forwards (forwarded_by_clone): sent
   std::vector<detail::clock::time_point> quiet_since_;       // per source: its last group verified or posted
   bool any_delivered_ = false;

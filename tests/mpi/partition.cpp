@@ -50,6 +50,14 @@ void run(dc::mpi::communicator& c, const scenario& s, const dc::partition_group_
   c.barrier();  // the next scenario's messages use the same tags
 }
 
+/// Clone rank `clone` receives everything `route` sends it and checks every byte.
+void receive_and_check(dc::mpi::communicator& c, const dc::partition_route& route, const scenario& s, std::uint32_t clone) {
+  auto own = own_tensors(s.lay, s.dst[clone], false);
+  const auto bytes = spans<std::byte>(own);
+  dc::partition_receiver<dc::mpi::communicator>(c, route, clone, bytes).wait(std::chrono::seconds(60));
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, clone, own, t), "clone rank " << clone << ", tensor " << t);
+}
+
 }  // namespace
 
 TEST_CASE("partition transfer over MPI: ZeRO-1, ZeRO-3, TP2xDP2, pipeline x DP and randomised holdings, byte-exact") {
@@ -148,10 +156,7 @@ TEST_CASE("partition transfer over MPI: a clone rank that declares another globa
     CHECK(send.refused(1));
     CHECK_FALSE(send.refused(0));
   } else if (me == 4) {
-    auto own = own_tensors(s.lay, s.dst[0], false);
-    const auto bytes = spans<std::byte>(own);
-    dc::partition_receiver<dc::mpi::communicator>(c, route, 0, bytes).wait(std::chrono::seconds(60));
-    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, own, t));
+    receive_and_check(c, route, s, 0);
   } else if (me == 5) {
     auto own = own_tensors(other, other_dst[1], false);
     const auto untouched = own;
@@ -189,10 +194,7 @@ TEST_CASE("partition transfer over MPI with sharing and failover: a refused clon
     send.wait(std::chrono::seconds(60));
     CHECK(send.refused(1));
   } else if (me == 4) {
-    auto own = own_tensors(s.lay, s.dst[0], false);
-    const auto bytes = spans<std::byte>(own);
-    dc::partition_receiver<dc::mpi::communicator>(c, route, 0, bytes).wait(std::chrono::seconds(60));
-    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(holds_pattern(s, 0, own, t));
+    receive_and_check(c, route, s, 0);
   } else if (me == 5) {
     auto own = own_tensors(s.lay, s.dst[1], false);
     const auto bytes = spans<std::byte>(own);

@@ -125,10 +125,6 @@ class exchange_peers {
   }
 
  private:
-  void post(auto& in) {
-    in.taken = false;
-    in.request = comm_.irecv(ranks_.clones.at(in.peer), tag_, std::span<std::byte>(in.bytes));
-  }
   struct posted {
     explicit posted(std::uint32_t p) : peer(p) {}
     std::uint32_t peer;
@@ -136,6 +132,10 @@ class exchange_peers {
     typename Comm::request_type request{};
     bool taken = false;
   };
+  void post(posted& in) {
+    in.taken = false;
+    in.request = comm_.irecv(ranks_.clones.at(in.peer), tag_, std::span<std::byte>(in.bytes));
+  }
   Comm& comm_;
   const roles& ranks_;
   std::uint32_t clone_;
