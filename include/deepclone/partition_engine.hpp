@@ -1,0 +1,539 @@
+#pragma once
+/// \file partition_engine.hpp
+/// `partition_engine<Comm, Agreement, Checksum>` forks a live job whose state is
+/// partitioned (ZeRO, tensor or pipeline parallel: partition_job.hpp) while its sources
+/// train on, as `engine` does for replicated state:
+///
+///   deepclone::partition_job job(roles, global_layout, source_holdings, clone_holdings);
+///   using cloning = deepclone::partition_engine<Comm>;    // agreement::collective
+///   cloning::source src(comm, job, my_parts);              // on a source rank: the hooks
+///   cloning::clone  dst(comm, job, my_parts);              // on a clone rank
+///   std::uint64_t k = dst.wait();                          // requests, then receives
+///
+/// The sources agree on the fork iteration k with the same agreement policies and messages
+/// as the replicated engine (agreement.hpp, detail/source_agreement.hpp); clone ranks ask
+/// the coordinator (source 0) as they do there. Each layer of k leaves as soon as it is
+/// final (its after_update in k, or at once when the decision comes after it), through a
+/// partition_sender on the fork's own block of tags; a source waits only in before_update
+/// of a layer still in flight (the window rule). Templated on the communicator, the
+/// agreement and the checksum; a rank's parts are byte spans, as partition_transfer.hpp
+/// takes them.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agreement.hpp"
+#include "checksum.hpp"
+#include "communicator.hpp"
+#include "detail/clone_request.hpp"
+#include "detail/outbox.hpp"
+#include "detail/source_agreement.hpp"
+#include "detail/wire.hpp"
+#include "error.hpp"
+#include "partition_job.hpp"
+#include "partition_transfer.hpp"
+
+namespace deepclone {
+
+namespace detail {
+
+/// A partitioned engine's tags: the agreement's control tags from `base` (as the replicated
+/// engine's), then one block of `job.transfer_tags()` per fork, rotating over `epochs` blocks
+/// so that bytes an abandoned fork left queued meet only a fork `epochs` later, whose
+/// checks catch them.
+struct partition_tags {
+  int base = 0;
+  long long block = 0;
+  std::uint32_t epochs = 1;
+
+  /// Throws `unsupported` when not even one block fits below the communicator's tag bound.
+  template <class Comm>
+  static partition_tags fit(const Comm& c, int base, const partition_job& job, std::uint32_t wanted) {
+    if (base < 0) throw error(errc::invalid_argument, "settings.tag_base is " + std::to_string(base) + "; tags must not be negative");
+    const long long first = static_cast<long long>(base) + tag_epochs, block = job.transfer_tags();
+    const long long fit = (static_cast<long long>(max_tag_of(c)) - first + 1) / block;
+    if (fit < 1)
+      throw error(errc::unsupported, "partitioned fork: " + std::to_string(job.global().layer_count()) + " layers need tags up to " +
+                                         std::to_string(first + block - 1) + " from settings.tag_base " + std::to_string(base) +
+                                         "; the communicator allows up to " + std::to_string(max_tag_of(c)));
+    return {base, block, static_cast<std::uint32_t>(std::min<long long>(fit, std::max<std::uint32_t>(wanted, 1)))};
+  }
+  int transfer(std::uint32_t epoch) const { return static_cast<int>(base + tag_epochs + epoch * block); }
+};
+
+/// This rank's index in `ranks` (a role's list), or `invalid_argument` naming the role.
+template <class Comm>
+std::uint32_t index_in(const Comm& c, const std::vector<int>& ranks, const char* role) {
+  const auto at = std::find(ranks.begin(), ranks.end(), c.rank());
+  if (at == ranks.end()) throw error(errc::invalid_argument, "rank " + std::to_string(c.rank()) + " is not a " + role + " in the job's roles");
+  return static_cast<std::uint32_t>(at - ranks.begin());
+}
+
+/// A peer's error code, where it names one; else `fallback`.
+inline errc peer_code(std::uint32_t code, errc fallback) {
+  return code >= static_cast<std::uint32_t>(errc::invalid_argument) && code <= static_cast<std::uint32_t>(errc::outside_hooks)
+             ? static_cast<errc>(code)
+             : fallback;
+}
+
+}  // namespace detail
+
+template <class Comm, class Agreement = agreement::collective, class Checksum = checksum::mix64>
+class partition_engine {
+  static_assert(point_to_point_communicator<Comm>,
+                "deepclone::partition_engine: Comm must model point_to_point_communicator (communicator.hpp)");
+
+ public:
+  using comm_type = Comm;
+  using agreement_type = Agreement;
+  using checksum_type = Checksum;
+
+  /// Run-time settings; sources and clone ranks must use equal tag settings.
+  struct settings {
+    /// How the sources agree on the fork iteration (agreement.hpp); sources only.
+    Agreement agreement{};
+    /// agreement::coordinator: fork at (iteration in which the coordinator held every
+    /// request) + fork_lead; the tolerated skew between sources, in iterations.
+    std::uint64_t fork_lead = 2;
+    /// Sources: the longest a hook waits for a layer in flight, and the longest a fork may
+    /// stay unacknowledged after its iteration ended; then it fails (the clone ranks are
+    /// told) and the source trains on. Clone ranks: the longest wait for the decision, and
+    /// then for the transfer.
+    std::chrono::nanoseconds timeout = std::chrono::seconds(60);
+    /// Trainer-collective agreements: how long a source waits for the coordinator's decision.
+    std::chrono::nanoseconds failover_after = std::chrono::seconds(10);
+    /// Tags [tag_base, tag_base + 16 + tag_epochs x job.transfer_tags()) are the engine's.
+    int tag_base = 1000;
+    /// Consecutive forks use different blocks of tags (fewer where the tag bound allows fewer).
+    std::uint32_t tag_epochs = 16;
+  };
+
+  /// The sources' and clone ranks' plan key: what the coordinator compares before a fork.
+  /// The plan itself is compared pairwise by the transfer's handshake, which names a
+  /// difference in holdings.
+  static plan_key key(const partition_job& job) {
+    plan_key k;
+    k.sources = static_cast<std::uint32_t>(job.ranks().source_count());
+    k.clones = static_cast<std::uint32_t>(job.ranks().clone_count());
+    k.alignment = job.options().alignment;
+    k.checksum_id = Checksum::id;
+    return k;
+  }
+
+  class source;
+  class clone;
+};
+
+/// A source rank: the trainer calls the hooks; the engine serves the forks agreed.
+template <class Comm, class Agreement, class Checksum>
+class partition_engine<Comm, Agreement, Checksum>::source final : private detail::source_agreement_host {
+ public:
+  /// `parts[t]`: this source's part of global tensor t, as its holdings declare; they are
+  /// read while a fork is in flight, so they must stay where they are. Throws
+  /// `invalid_argument` when this rank is not a source of `job`.
+  source(Comm& comm, const partition_job& job, std::span<const std::span<const std::byte>> parts, settings s = {})
+      : comm_(comm), job_(job), index_(detail::index_in(comm, job.ranks().sources, "source")), parts_(parts.begin(), parts.end()),
+        s_(std::move(s)), tags_(detail::partition_tags::fit(comm, s_.tag_base, job, s_.tag_epochs)), key_(key(job)),
+        updated_(job.global().layer_count(), 0) {
+    job.ranks().validate(comm.size());
+    agreement_.emplace(comm_, job.ranks(), index_, job.global(), key_,
+                       detail::source_agreement_params{Agreement::name, Agreement::trainer_collective, s_.fork_lead, s_.tag_base,
+                                                       tags_.epochs, s_.failover_after},
+                       static_cast<detail::source_agreement_host&>(*this), trailing_);
+    agreement_->post();
+    cancels_.resize(job.ranks().clone_count());
+    post_cancels();
+  }
+  source(const source&) = delete;
+  source& operator=(const source&) = delete;
+  ~source() {
+    try {
+      finish();
+    } catch (...) {  // a destructor must not throw; finish() failing means the transport did
+    }
+  }
+
+  /// Right before layer `l` is updated: waits while a fork still reads it (at most
+  /// settings.timeout; then that fork fails and the source trains on).
+  void before_update(std::size_t l) {
+    check_layer(l, "before_update");
+    outside_update("before_update()");
+    touched_ = true, updating_ = true;
+    if (session_ && session_->sent[l]) hold_until_sent(l);
+  }
+  /// Right after layer `l` was updated: in the fork iteration the layer leaves now.
+  void after_update(std::size_t l) {
+    check_layer(l, "after_update");
+    updated_[l] = 1, updating_ = false;
+    if (session_ && current() == session_->d.iteration) send(l);
+    progress();
+  }
+  /// At the end of every iteration, steps increasing by one. A layer the fork iteration did
+  /// not update is final too and leaves here.
+  void end_iteration(std::uint64_t step) {
+    outside_update("end_iteration()");
+    if (last_ && step != *last_ + 1)
+      throw error(errc::hook_order, "end_iteration(" + std::to_string(step) + ") after end_iteration(" + std::to_string(*last_) +
+                                        "): steps must increase by one");
+    if (session_ && step == session_->d.iteration)
+      for (std::size_t l = 0; l < updated_.size() && session_; ++l) send(l);
+    last_ = step, touched_ = false;
+    std::fill(updated_.begin(), updated_.end(), 0);
+    progress();
+    if constexpr (!Agreement::trainer_collective)
+      if (!session_) s_.agreement.end_iteration(*agreement_, step);
+  }
+  /// Trainer-collective agreements (agreement.hpp): this source's word for the collective,
+  /// between end_iteration and the next before_update (collective: 1 on the coordinator
+  /// holding every accepted request, +2 on a source still serving a fork).
+  std::uint64_t fork_word() {
+    static_assert(Agreement::trainer_collective, "fork_word() belongs to a trainer-collective agreement (agreement::collective); "
+                                                 "this engine's agreement decides in end_iteration");
+    outside_update("fork_word()");
+    progress();
+    word_ = finished_ ? 0 : s_.agreement.word(*agreement_);
+    return word_;
+  }
+  /// The sum of every source's fork_word() of this iteration (the same on every source);
+  /// may start a fork, whose layers already final leave at once.
+  void fork_agreed(std::uint64_t sum) {
+    static_assert(Agreement::trainer_collective, "fork_agreed() belongs to a trainer-collective agreement "
+                                                 "(agreement::collective); this engine's agreement decides in end_iteration");
+    outside_update("fork_agreed()");
+    const auto given = std::exchange(word_, 0);
+    if (sum < given)
+      throw error(errc::invalid_argument, "fork_agreed(" + std::to_string(sum) + ") on source " + std::to_string(index_) +
+                                              ", whose fork_word() was " + std::to_string(given) +
+                                              ": pass the sum of every source's fork_word() of this iteration");
+    if (!finished_) s_.agreement.agreed(*agreement_, given, sum);
+  }
+  /// Ends this source's part: a fork in flight completes (or fails, and the clone ranks
+  /// are told), waiting clone ranks learn that no fork will come. Called by the destructor.
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    if (!session_) agreement_->serve_raced_decision();
+    if (session_ && (!last_ || *last_ < session_->d.iteration))
+      fail_session(errc::source_failed, "source " + std::to_string(index_) + " finished training before the fork iteration " +
+                                            std::to_string(session_->d.iteration));
+    else if (session_ && !wait_until([&] { return !session_; }))
+      fail_session(errc::timeout, "source " + std::to_string(index_) + ": the fork was not acknowledged within settings.timeout at finish()");
+    agreement_->stop();
+    for (auto& c : cancels_) c.cancel(comm_);
+    trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(s_.timeout, std::chrono::seconds(1)));
+    trailing_.clear(comm_);
+  }
+
+  /// True while a fork is agreed or in flight.
+  bool serving() const noexcept override { return session_.has_value(); }
+  /// The fork iteration of the fork in flight.
+  std::optional<std::uint64_t> fork_iteration() const { return session_ ? std::optional(session_->d.iteration) : std::nullopt; }
+  std::uint64_t forks_completed() const noexcept { return completed_; }
+  /// Forks this source served or was asked to serve that failed, and requests refused.
+  std::uint64_t forks_failed() const noexcept { return failed_; }
+  /// Why the last failed or refused fork ended so (the source itself trained on).
+  const failure& last_failure() const noexcept { return last_failure_; }
+
+ private:
+  using sender_type = partition_sender<Comm, Checksum>;
+  struct session {
+    detail::decision_msg d;
+    std::unique_ptr<sender_type> sender;
+    std::vector<char> sent;  ///< per layer: handed to the sender
+    std::size_t unsent = 0;
+    detail::clock::time_point all_sent_at{};
+  };
+
+  std::uint64_t current() const { return last_ ? *last_ + 1 : 0; }
+  /// The hooks' order: a layer's update is closed by after_update before anything else.
+  void outside_update(const char* call) const {
+    if (updating_)
+      throw error(errc::hook_order, std::string(call) + " between before_update and after_update: close the layer's update first");
+  }
+  void check_layer(std::size_t l, const char* hook) const {
+    if (l >= updated_.size())
+      throw error(errc::invalid_argument, std::string(hook) + "(" + std::to_string(l) + "): the global layout has " +
+                                              std::to_string(updated_.size()) + " layers");
+  }
+
+  // ---- detail::source_agreement_host ----
+  std::optional<std::uint64_t> last_iteration() const override { return last_; }
+  std::uint64_t untouched_iteration() const override { return touched_ ? *last_ + 1 : *last_; }
+  void fork_failed(failure f) override { ++failed_, last_failure_ = std::move(f); }
+  void request_refused(failure f) override { ++failed_, last_failure_ = std::move(f); }
+  /// Serves the decided fork `d`: its sender on the fork's tags; the layers already final in
+  /// k leave at once (all of them when k ended last, those updated since when k is in progress).
+  void serve(const detail::decision_msg& d) override {
+    session s{d, nullptr, std::vector<char>(updated_.size(), 0), updated_.size(), {}};
+    session_ = std::move(s);
+    if (d.epoch >= tags_.epochs)
+      return fail_session(errc::plan_mismatch, "the decision names tag block " + std::to_string(d.epoch) + " of " +
+                                                   std::to_string(tags_.epochs) + ": the sources' tag settings differ");
+    try {
+      session_->sender = std::make_unique<sender_type>(comm_, job_.route(tags_.transfer(d.epoch)), index_, parts_);
+    } catch (const error& e) {
+      return fail_session(e.kind(), e.details());
+    }
+    for (std::size_t l = 0; l < updated_.size() && session_; ++l)
+      if (last_ && (d.iteration == *last_ || (d.iteration == *last_ + 1 && updated_[l]))) send(l);
+  }
+
+  /// Hands layer `l` of k to the sender (once). Parts that do not fit the holdings are the
+  /// trainer's error: the fork fails and the hook throws.
+  void send(std::size_t l) {
+    if (session_->sent[l]) return;
+    try {
+      session_->sender->send_layer(static_cast<std::uint32_t>(l));
+    } catch (const error& e) {
+      fail_session(e.kind(), e.details());
+      throw;
+    }
+    session_->sent[l] = 1;
+    if (--session_->unsent == 0) session_->all_sent_at = detail::clock::now();
+  }
+
+  /// One round: control sends, clone ranks' cancels, the fork's sends and notices; retires
+  /// a fork once done, fails one unacknowledged for settings.timeout after its last layer left.
+  void progress() {
+    trailing_.poll(comm_);
+    trailing_.compact();
+    take_cancels();
+    if (!session_ || session_->unsent > 0) {
+      if (session_) session_->sender->progress();
+      return;
+    }
+    if (session_->sender->done()) {
+      ++completed_;
+      end_session();
+    } else if (detail::clock::now() - session_->all_sent_at > s_.timeout) {
+      fail_session(errc::timeout, "source " + std::to_string(index_) + ": the fork of iteration " + std::to_string(session_->d.iteration) +
+                                      " was not acknowledged within settings.timeout");
+    }
+  }
+  /// before_update of a layer in flight: waits until it may be overwritten.
+  void hold_until_sent(std::size_t l) {
+    const auto l32 = static_cast<std::uint32_t>(l);
+    if (!wait_until([&] { return !session_ || session_->sender->layer_sent(l32); }))
+      fail_session(errc::timeout, "source " + std::to_string(index_) + ": layer '" + job_.global().layers()[l].name +
+                                      "' was not acknowledged within settings.timeout; the source trains on");
+  }
+  /// Progresses until `ready()`; false after settings.timeout.
+  template <class Ready>
+  bool wait_until(Ready ready) {
+    detail::idler<Comm> idle(comm_);
+    const auto deadline = detail::clock::now() + s_.timeout;
+    for (idle.mark(); !ready(); idle.mark()) {
+      if (detail::clock::now() >= deadline) return false;
+      progress();
+      if (!ready()) idle.idle(deadline);
+    }
+    return true;
+  }
+
+  /// A clone rank that gave up on the fork in flight ends it for every clone rank.
+  void post_cancels() {
+    for (std::size_t j = 0; j < cancels_.size(); ++j)
+      if (!cancels_[j].posted()) cancels_[j].post(comm_, job_.ranks().clones[j], s_.tag_base + detail::tag_cancel, detail::control_bytes);
+  }
+  void take_cancels() {
+    for (std::uint32_t j = 0; j < cancels_.size(); ++j)
+      while (auto b = cancels_[j].test(comm_)) {
+        std::optional<detail::cancel_msg> m;
+        try {
+          m = detail::cancel_msg::decode(*b);
+        } catch (const error&) {  // a peer's garbage
+        }
+        cancels_[j].repost(comm_);
+        if (m && session_ && m->session == session_->d.session && m->clone_index == j)
+          fail_session(errc::cancelled, "clone rank " + std::to_string(job_.ranks().clones[j]) + " gave up on the fork (" +
+                                            errc_name(detail::peer_code(m->code, errc::cancelled)) + ")");
+      }
+  }
+
+  /// The fork in flight fails: every clone rank is told why, its sends are withdrawn.
+  void fail_session(errc code, const std::string& why) {
+    detail::status_msg m;
+    m.session = session_->d.session;
+    m.source_index = index_;
+    m.code = static_cast<std::uint32_t>(code);
+    m.reason = why;
+    for (int c : job_.ranks().clones) trailing_.send_owned(comm_, c, s_.tag_base + detail::tag_status, m.encode());
+    if (session_->sender) session_->sender->cancel();
+    fork_failed(failure{code, why});
+    end_session();
+  }
+  void end_session() {
+    session_.reset();
+    agreement_->post();
+  }
+
+  Comm& comm_;
+  const partition_job& job_;
+  std::uint32_t index_;
+  std::vector<std::span<const std::byte>> parts_;
+  settings s_;
+  detail::partition_tags tags_;
+  plan_key key_;
+  std::vector<char> updated_;  ///< per layer: updated in the iteration in progress
+  bool touched_ = false;       ///< a layer's update began in the iteration in progress
+  bool updating_ = false;      ///< between before_update and after_update
+  std::optional<std::uint64_t> last_;
+  detail::outbox<Comm> trailing_;
+  std::vector<detail::inbox_slot<Comm>> cancels_;  ///< one per clone rank
+  std::optional<detail::source_agreement<Comm>> agreement_;
+  std::optional<session> session_;
+  std::uint64_t word_ = 0, completed_ = 0, failed_ = 0;
+  failure last_failure_{};
+  bool finished_ = false;
+};
+
+/// A clone rank: asks for a fork and receives its wanted parts of iteration k.
+template <class Comm, class Agreement, class Checksum>
+class partition_engine<Comm, Agreement, Checksum>::clone {
+ public:
+  /// `parts[t]`: this clone rank's part of global tensor t, as its holdings declare. Throws
+  /// `invalid_argument` when this rank is not a clone rank of `job`.
+  clone(Comm& comm, const partition_job& job, std::span<const std::span<std::byte>> parts, settings s = {})
+      : comm_(comm), job_(job), index_(detail::index_in(comm, job.ranks().clones, "clone rank")), parts_(parts.begin(), parts.end()),
+        s_(std::move(s)), tags_(detail::partition_tags::fit(comm, s_.tag_base, job, s_.tag_epochs)),
+        request_(comm_, job.ranks(), trailing_, s_.tag_base, index_) {
+    job.ranks().validate(comm.size());
+  }
+  clone(const clone&) = delete;
+  clone& operator=(const clone&) = delete;
+  ~clone() {
+    request_.cancel();
+    trailing_.wait_all(comm_, std::chrono::seconds(1));
+    trailing_.clear(comm_);
+  }
+
+  /// Asks the coordinator for a fork (once per wait()).
+  void request() {
+    if (requested_) return;
+    request_.send(job_.global().fingerprint(), key(job_), 0);
+    requested_ = true;
+  }
+  /// Requests (if not done yet), waits for the decision and receives every part this rank
+  /// wants of iteration k, verified; returns k. Throws deepclone::error naming what failed:
+  /// a refusal (layout_mismatch naming the first difference, plan_mismatch), the sources'
+  /// end of training, a source's failure without a replica, a timeout. The sources are told
+  /// when this rank gives up, and train on.
+  std::uint64_t wait() {
+    request();
+    requested_ = false;
+    const auto d = await_decision();
+    try {
+      receive(d);
+    } catch (const error& e) {
+      request_.cancel_session(d.session, e.kind());
+      throw;
+    }
+    request_.joined(d.session);
+    return d.iteration;
+  }
+
+ private:
+  std::string who() const { return "clone rank " + std::to_string(comm_.rank()); }
+
+  detail::decision_msg await_decision() {
+    detail::idler<Comm> idle(comm_);
+    const auto deadline = detail::clock::now() + s_.timeout;
+    for (;;) {
+      idle.mark();
+      std::optional<detail::request_answer> a;
+      request_.progress(a);
+      if (a) return accepted(*a);
+      trailing_.poll(comm_);
+      if (detail::clock::now() >= deadline) {
+        request_.withdraw();
+        request_.cancel();
+        throw error(errc::timeout, who() + ": no fork decision within settings.timeout (do the sources call their hooks, and "
+                                           "fork_word()/fork_agreed() with a trainer-collective agreement?)");
+      }
+      idle.idle(deadline);
+    }
+  }
+  /// The decision, if it accepted this request; else the error it means.
+  detail::decision_msg accepted(const detail::request_answer& a) {
+    const auto& d = a.decision;
+    if (d.status == detail::verdict::accepted) {
+      if (d.epoch >= tags_.epochs)
+        throw error(errc::plan_mismatch, who() + ": the sources chose tag block " + std::to_string(d.epoch) + " of " +
+                                             std::to_string(tags_.epochs) + " (settings.tag_base or tag_epochs differ)");
+      return d;
+    }
+    if (d.status == detail::verdict::stopped)
+      throw error(errc::source_failed, who() + ": the sources finished training (last step " + std::to_string(d.iteration) +
+                                           ") before they could serve this request");
+    const std::string offender = d.offending_clone < job_.ranks().clones.size()
+                                     ? "clone rank " + std::to_string(job_.ranks().clones[d.offending_clone])
+                                     : "another clone rank";
+    if (d.status == detail::verdict::plan_differs) {
+      const auto diff = d.key.difference(key(job_));
+      throw error(errc::plan_mismatch, diff.empty() ? offender + " uses plan settings that differ from the sources'" : who() + ": " + diff);
+    }
+    std::optional<std::string> diff;
+    try {
+      diff = first_difference(layout::decode(a.sources_layout), job_.global(), "sources", who());
+    } catch (const error&) {  // an unreadable layout: say only that it differs
+    }
+    throw error(errc::layout_mismatch, "partitioned state: " + diff.value_or(offender + "'s global layout differs from the sources' (this rank's matches)") +
+                                           " (the global shapes and dtypes must agree)");
+  }
+
+  /// Receives this rank's parts of fork `d`, listening for a source's failure status.
+  void receive(const detail::decision_msg& d) {
+    const auto& r = job_.ranks();
+    struct statuses {
+      Comm& c;
+      std::vector<detail::inbox_slot<Comm>> slots;
+      ~statuses() {
+        for (auto& s : slots) s.cancel(c);
+      }
+    } st{comm_, std::vector<detail::inbox_slot<Comm>>(r.source_count())};
+    for (std::size_t i = 0; i < st.slots.size(); ++i) st.slots[i].post(comm_, r.sources[i], s_.tag_base + detail::tag_status, detail::control_bytes);
+    partition_receiver<Comm, Checksum> in(comm_, job_.route(tags_.transfer(d.epoch)), index_, parts_);
+    detail::idler<Comm> idle(comm_);
+    const auto deadline = detail::clock::now() + s_.timeout;
+    for (idle.mark(); !in.progress(); idle.mark()) {
+      for (auto& slot : st.slots) throw_failed_status(slot, d.session);
+      trailing_.poll(comm_);
+      if (detail::clock::now() >= deadline)
+        throw error(errc::timeout, who() + ": the fork of iteration " + std::to_string(d.iteration) + " did not complete within settings.timeout");
+      idle.idle(deadline);
+    }
+  }
+  /// A source's status that fails fork `session` (garbage and other forks' are dropped).
+  void throw_failed_status(detail::inbox_slot<Comm>& slot, std::uint64_t session) {
+    while (auto b = slot.test(comm_)) {
+      std::optional<detail::status_msg> m;
+      try {
+        m = detail::status_msg::decode(*b);
+      } catch (const error&) {
+      }
+      slot.repost(comm_);
+      if (m && m->session == session && m->code != 0)
+        throw error(detail::peer_code(m->code, errc::source_failed), "source " + std::to_string(m->source_index) + ": " + m->reason);
+    }
+  }
+
+  Comm& comm_;
+  const partition_job& job_;
+  std::uint32_t index_;
+  std::vector<std::span<std::byte>> parts_;
+  settings s_;
+  detail::partition_tags tags_;
+  detail::outbox<Comm> trailing_;
+  detail::clone_request<Comm> request_;
+  bool requested_ = false;
+};
+
+}  // namespace deepclone
