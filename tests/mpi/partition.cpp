@@ -6,8 +6,12 @@
 // sharing what several want (partition_sharing::exchange). Run on 7 ranks; ranks beyond a
 // scenario's N + M sit it out. Sources send their layers last-first. Packed runs also travel
 // gathered and scattered as MPI derived datatypes (the adapter's gathering_communicator), also
-// where the adapter's piece size makes it stage them.
+// where the adapter's piece size makes it stage them. Last, the partitioned engine
+// (partition_engine.hpp): sources that train and agree on k in their own allreduce (or
+// through the coordinator), clone ranks that fork twice and check every byte against the
+// sources' of k.
 #include <deepclone/integrations/boost_mpi.hpp>
+#include <deepclone/partition_engine.hpp>
 #include <deepclone/partition_transfer.hpp>
 
 #include <doctest/doctest.h>
@@ -18,7 +22,7 @@
 #include <chrono>
 #include <random>
 
-#include "../partition/scenarios.hpp"
+#include "../partition/training.hpp"
 
 namespace dc = deepclone;
 using namespace partition_test;
@@ -58,7 +62,61 @@ void receive_and_check(dc::mpi::communicator& c, const dc::partition_route& rout
   for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, clone, own, t), "clone rank " << clone << ", tensor " << t);
 }
 
+constexpr int finished_tag = 60;  // clone rank -> source 0: the iterations it forked at
+
+/// Scenario `s` through partition_engine: the sources train until every clone rank forked
+/// `forks` times (source 0 hears it from each and checks that all got the same k's).
+template <class Engine>
+void fork_while_training(dc::mpi::communicator& c, const scenario& s, dc::partition_sharing sharing, collective_at at, int forks) {
+  const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
+  const auto roles = dc::roles::contiguous(n, m);
+  const dc::partition_job job(roles, s.lay, s.src, s.dst, {.sharing = sharing});
+  const auto me = static_cast<std::uint32_t>(c.rank());
+  std::vector<std::uint64_t> ks(static_cast<std::size_t>(forks) * m);  // source 0: every clone rank's; a clone rank: its own
+  if (me < n) {
+    trainer t(s, me);
+    typename Engine::source src(c, job, t.parts());
+    std::vector<dc::mpi::communicator::request_type> heard;
+    for (std::uint32_t j = 0; me == 0 && j < m; ++j)
+      heard.push_back(c.irecv(int(n + j), finished_tag, std::as_writable_bytes(std::span(ks).subspan(j * forks, forks))));
+    std::vector<char> got(heard.size(), 0);
+    const auto finished = [&] {
+      for (std::size_t j = 0; j < heard.size(); ++j) got[j] = got[j] || c.test(heard[j]).has_value();
+      return me == 0 && std::count(got.begin(), got.end(), 1) == std::ptrdiff_t(m);
+    };
+    train<Engine>(c, s, roles, src, t, finished, at);
+    src.finish();
+    CHECK(src.forks_completed() == std::uint64_t(forks));
+    CHECK(src.forks_failed() == 0);
+    for (std::uint32_t j = 1; me == 0 && j < m; ++j)
+      CHECK_MESSAGE(std::equal(ks.begin(), ks.begin() + forks, ks.begin() + j * forks), "clone rank " << j << " forked at other iterations");
+  } else if (me < n + m) {
+    auto own = own_tensors(s.lay, s.dst[me - n], false);
+    const auto parts = spans<std::byte>(own);
+    typename Engine::clone dst(c, job, parts);
+    for (int f = 0; f < forks; ++f) {
+      for (auto& t : own) std::fill(t.begin(), t.end(), std::byte{0xEE});
+      ks[f] = dst.wait();
+      CHECK_MESSAGE(exact(s, me - n, own, ks[f]), "clone rank " << me - n << ", fork " << f << " at iteration " << ks[f]);
+      if (f > 0) CHECK(ks[f] > ks[f - 1]);
+    }
+    auto r = c.isend(0, finished_tag, std::as_bytes(std::span(ks).first(forks)));
+    c.wait(r);
+  }
+  c.barrier();
+}
+
 }  // namespace
+
+TEST_CASE("partition engine over MPI: sources train and agree on k; every clone byte is theirs of k, fork after fork") {
+  boost::mpi::communicator world;
+  dc::mpi::communicator c(world);
+  using collective = dc::partition_engine<dc::mpi::communicator>;
+  using coordinator = dc::partition_engine<dc::mpi::communicator, dc::agreement::coordinator>;
+  fork_while_training<collective>(c, tp2_dp2(), dc::partition_sharing::none, collective_at::boundary, 2);
+  fork_while_training<collective>(c, zero1(), dc::partition_sharing::exchange, collective_at::after_first_update, 2);
+  fork_while_training<coordinator>(c, pipeline_2x2(true), dc::partition_sharing::none, collective_at::none, 2);
+}
 
 TEST_CASE("partition transfer over MPI: ZeRO-1, ZeRO-3, TP2xDP2, pipeline x DP and randomised holdings, byte-exact") {
   boost::mpi::communicator world;
