@@ -7,21 +7,22 @@
 // shard's momentum, and the updated parameter halves are gathered over the DP pair.
 // The clones: 2 ranks that each want the whole model and its momentum (TP1, replicated).
 //
-// At an iteration boundary the sources hand their parts to `partition_sender`, the clone
-// ranks receive them with `partition_receiver` (the plan splits bytes held by several
-// sources over them; with --share the clone ranks forward each other what both want). The sources train on at once: the next step's passes only read the
-// layers, and before a step updates a layer the source waits until that layer's sends are
-// done (`wait_layer`: the window rule). The example prints what moved from where,
-// checks every byte of every clone against the sources' state at the fork (assembled here
-// from this file's own index arithmetic, not through the library's), and evaluates the
-// clone's unpartitioned model against the sources' partitioned one. Exit status 1 on any
-// difference. The live engines do not fork partitioned state yet: the fork point is agreed
-// here by construction (every source forks after the same step), not by an agreement policy.
+// The sources run `partition_engine`'s hooks and agree on the fork iteration k in their own
+// per-iteration allreduce (agreement::collective: one extra word, no skew to tolerate); the
+// clone ranks ask and wait. Each layer of k leaves as soon as it is final (the plan splits
+// bytes held by several sources over them; with --share the clone ranks forward each other
+// what both want). The sources train on at once: the next step's passes only read the
+// layers, and before a step updates a layer still in flight its before_update waits (the
+// window rule). The example prints what moved from where, checks every byte of every clone
+// against the sources' state after step k (assembled here from this file's own index
+// arithmetic, not through the library's), and evaluates the clone's unpartitioned model
+// against the sources' partitioned one. Exit status 1 on any difference.
 #include <deepclone/collectives.hpp>
 #include <deepclone/inproc.hpp>
-#include <deepclone/partition_transfer.hpp>
+#include <deepclone/partition_engine.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -38,8 +39,8 @@ namespace dc = deepclone;
 namespace {
 
 constexpr std::uint64_t in = 32, hidden = 64, out = 16, half = hidden / 2, batch = 8;
-constexpr int tp_tag = 10, dp_tag = 20, transfer_tag = 1000;
-constexpr std::uint64_t fork_after = 5, steps_after = 3;
+constexpr int tp_tag = 10, dp_tag = 20, agree_tag = 30;
+constexpr std::uint64_t max_steps = 1000;
 
 /// One tensor of the model: its global shape, the part a source (tp, dp) holds, and where
 /// that source's local element i sits in the global tensor (this file's own arithmetic).
@@ -140,15 +141,16 @@ struct source_rank {
   }
   /// Data-parallel step: gradients summed over the DP pair, each DP rank updates its half
   /// (ZeRO-1 momentum), the halves are gathered over the pair.
-  /// `before_update(layer)` runs before the step first writes a layer (fc1: 0, fc2: 1).
-  template <class Comm, class BeforeUpdate>
-  void step(Comm& c, std::uint64_t s, BeforeUpdate before_update) {
+  /// `hooks.before_update(layer)` runs before the step first writes a layer (fc1: 0, fc2:
+  /// 1), `hooks.after_update(layer)` once it wrote its last; the parts stay where they are.
+  template <class Comm, class Hooks>
+  void step(Comm& c, std::uint64_t s, Hooks& hooks) {
     std::vector<double> g;
     forward_backward(c, s * 2 + dp, &g);
     dc::allreduce_sum(c, dp_group, std::span<double>(g), dp_tag);
     std::uint64_t at = 0;
     for (auto [p, m] : {std::pair{w1, m_w1}, std::pair{b1, m_b1}, std::pair{w2, m_w2}, std::pair{b2, m_b2}}) {
-      if (p == w1 || p == w2) before_update(p / 4);
+      if (p == w1 || p == w2) hooks.before_update(std::size_t(p / 4));
       std::vector<double> updated(own[p].size(), 0.0);
       for (std::uint64_t i = 0; i < own[m].size(); ++i) {
         const auto pi = param_index(p, m, i);
@@ -156,8 +158,9 @@ struct source_rank {
         updated[pi] = own[p][pi] - 0.05 * own[m][i];
       }
       dc::allreduce_sum(c, dp_group, std::span<double>(updated), dp_tag + 2);
-      own[p] = updated;
+      std::copy(updated.begin(), updated.end(), own[p].begin());
       at += own[p].size();
+      if (p == b1 || p == b2) hooks.after_update(std::size_t(p / 4));
     }
   }
   /// The local index in parameter `p` of momentum element `i` (both local to this rank).
@@ -208,45 +211,60 @@ int main(int argc, char** argv) {
   std::vector<dc::holdings> src(4, dc::holdings(tensor_count)), dst(2, dc::holdings::replicated(lay));
   for (std::uint64_t r = 0; r < 4; ++r)
     for (int t = 0; t < tensor_count; ++t) src[r].of_tensor[t] = {specs()[t].part(r % 2, r / 2)};
-  const auto plan = dc::make_partition_plan(lay, src, dst, 256, share ? dc::partition_sharing::exchange : dc::partition_sharing::none);
-  const auto groups = dc::make_partition_groups(plan, 4, 2, {.direct_min_bytes = 2048});  // a small model: show both kinds
-  const dc::partition_route route{roles, lay, groups, transfer_tag};
+  // Every rank plans alike, once; here the threads share one job.
+  const dc::partition_job job(roles, lay, src, dst,
+                              {.sharing = share ? dc::partition_sharing::exchange : dc::partition_sharing::none,
+                               .groups = {.direct_min_bytes = 2048}});  // a small model: show both kinds of message
+  using cloning = dc::partition_engine<dc::inproc::communicator>;
+  const auto& groups = job.groups();
 
   dc::inproc::world w(6);
-  tensors clone_state[2], snapshot[4];  // each clone rank's model; each source's own parts at the fork
-  double source_loss = 0, clone_loss[2] = {0, 0}, wait_s[4] = {0, 0, 0, 0};
+  tensors clone_state[2];
+  std::vector<tensors> after_step[4];  // each source's own parts after every step
+  std::vector<double> source_loss;     // the sources' evaluation loss after every step
+  double clone_loss[2] = {0, 0}, wait_s[4] = {0, 0, 0, 0};
+  std::uint64_t fork_k[2] = {0, 0};
+  std::atomic<int> clones_done{0};
   std::vector<std::thread> ranks;
   for (std::uint64_t r = 0; r < 4; ++r)
     ranks.emplace_back([&, r] {
       auto c = w.comm(int(r));
       source_rank me(r % 2, r / 2);
-      for (std::uint64_t s = 0; s < fork_after; ++s) me.step(c, s, [](int) {});
-      snapshot[r] = me.own;
-      const double loss = me.forward_backward(c, 999, nullptr);  // every TP pair evaluates the same batch
-      if (r == 0) source_loss = loss;
-      const auto own = bytes_of(std::as_const(me.own));
-      dc::partition_sender<dc::inproc::communicator> send(c, route, std::uint32_t(r), own);
-      send.send_layer(1), send.send_layer(0);  // as a trainer updates them: last first
-      // The sources train on while the bytes move: the next step's forward and backward
-      // passes only read the layers; before it updates one, every send of it must be done.
-      double waited = 0;
-      for (std::uint64_t s = fork_after; s < fork_after + steps_after; ++s)
-        me.step(c, s, [&](int layer) {
+      cloning::source engine(c, job, bytes_of(std::as_const(me.own)));
+      struct timed_hooks {  // the engine's layer hooks, timing the waits for layers in flight
+        cloning::source& e;
+        double waited = 0;
+        void before_update(std::size_t l) {
           const auto t0 = std::chrono::steady_clock::now();
-          send.wait_layer(std::uint32_t(layer), std::chrono::seconds(30));
+          e.before_update(l);
           waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        });
-      send.wait(std::chrono::seconds(30));
-      wait_s[r] = waited;
+        }
+        void after_update(std::size_t l) { e.after_update(l); }
+      } hooks{engine};
+      for (std::uint64_t s = 0; s < max_steps; ++s) {
+        me.step(c, s, hooks);
+        engine.end_iteration(s);
+        after_step[r].push_back(me.own);
+        const double loss = me.forward_backward(c, 999, nullptr);  // every TP pair evaluates the same batch
+        if (r == 0) source_loss.push_back(loss);
+        // The trainer's own allreduce over the sources carries the fork word and the stop.
+        std::uint64_t v[2] = {engine.fork_word(), std::uint64_t(clones_done.load() == 2)};
+        dc::allreduce_sum(c, std::span<const int>(roles.sources), std::span<std::uint64_t>(v, 2), agree_tag);
+        engine.fork_agreed(v[0]);
+        if (v[1]) break;
+      }
+      engine.finish();
+      wait_s[r] = hooks.waited;
     });
   for (std::uint32_t k = 0; k < 2; ++k)
     ranks.emplace_back([&, k] {
       auto c = w.comm(int(4 + k));
       for (int t = 0; t < tensor_count; ++t) clone_state[k].emplace_back(lay.tensor(t).bytes / 8, 0.0);
-      const auto own = bytes_of(clone_state[k]);
-      dc::partition_receiver<dc::inproc::communicator> receive(c, route, k, own);
-      receive.wait(std::chrono::seconds(30));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the sources train meanwhile
+      cloning::clone engine(c, job, bytes_of(clone_state[k]));
+      fork_k[k] = engine.wait();
       clone_loss[k] = evaluate_whole(clone_state[k], 999);
+      ++clones_done;
     });
   for (auto& t : ranks) t.join();
 
@@ -266,24 +284,28 @@ int main(int argc, char** argv) {
     std::printf("  clone rank %u forwards clone rank %u, of layer fc%u: %6llu bytes in %llu+%llu messages\n", g.source, g.clone, g.layer + 1,
                 (unsigned long long)g.bytes, (unsigned long long)direct, (unsigned long long)packed);
   }
-  std::printf("the sources trained on during the transfer; waiting for a layer's sends before updating it took %.3f, %.3f, %.3f, %.3f ms\n",
-              wait_s[0] * 1e3, wait_s[1] * 1e3, wait_s[2] * 1e3, wait_s[3] * 1e3);
-  tensors at_fork(tensor_count);  // the global state at the fork, by this file's own index arithmetic
+  std::printf("the sources agreed to fork after step %llu and trained on during the transfer; waiting for a layer in flight\n"
+              "before updating it took %.3f, %.3f, %.3f, %.3f ms\n",
+              (unsigned long long)fork_k[0], wait_s[0] * 1e3, wait_s[1] * 1e3, wait_s[2] * 1e3, wait_s[3] * 1e3);
+  const std::uint64_t k = fork_k[0];
+  if (fork_k[1] != k || k >= source_loss.size()) return std::printf("the clone ranks did not fork at the same step\n"), 1;
+  tensors at_fork(tensor_count);  // the global state after step k, by this file's own index arithmetic
   for (int t = 0; t < tensor_count; ++t) at_fork[t].assign(lay.tensor(t).bytes / 8, std::nan(""));
   for (std::uint64_t r = 0; r < 4; ++r)
     for (int t = 0; t < tensor_count; ++t)
-      for (std::uint64_t i = 0; i < snapshot[r][t].size(); ++i) at_fork[t][specs()[t].global(i, r % 2, r / 2)] = snapshot[r][t][i];
+      for (std::uint64_t i = 0; i < after_step[r][k][t].size(); ++i) at_fork[t][specs()[t].global(i, r % 2, r / 2)] = after_step[r][k][t][i];
   bool exact = true;
-  for (std::uint32_t k = 0; k < 2; ++k)
+  for (std::uint32_t j = 0; j < 2; ++j)
     for (int t = 0; t < tensor_count; ++t)
-      if (std::memcmp(clone_state[k][t].data(), at_fork[t].data(), at_fork[t].size() * 8) != 0) {
-        std::printf("clone rank %u: %s.%s differs from the sources' state at the fork\n", k, t < 4 ? "fc1" : "fc2", specs()[t].name);
+      if (std::memcmp(clone_state[j][t].data(), at_fork[t].data(), at_fork[t].size() * 8) != 0) {
+        std::printf("clone rank %u: %s.%s differs from the sources' state at the fork\n", j, t < 4 ? "fc1" : "fc2", specs()[t].name);
         exact = false;
       }
   std::printf("every byte of both clone ranks %s the sources' state after step %llu\n", exact ? "equals" : "does NOT equal",
-              (unsigned long long)fork_after - 1);
-  std::printf("evaluation loss: sources (TP2 x DP2, partitioned) %.15f, clone ranks (TP1) %.15f %.15f\n", source_loss, clone_loss[0], clone_loss[1]);
-  const bool same_model = std::abs(clone_loss[0] - source_loss) <= 1e-12 * std::abs(source_loss) && clone_loss[0] == clone_loss[1];
+              (unsigned long long)k);
+  const double loss = source_loss[k];
+  std::printf("evaluation loss: sources (TP2 x DP2, partitioned) %.15f, clone ranks (TP1) %.15f %.15f\n", loss, clone_loss[0], clone_loss[1]);
+  const bool same_model = std::abs(clone_loss[0] - loss) <= 1e-12 * std::abs(loss) && clone_loss[0] == clone_loss[1];
   if (!same_model) std::printf("the clone's model does not compute the sources' loss\n");
   return exact && same_model ? 0 : 1;
 }
