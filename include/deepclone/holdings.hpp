@@ -3,9 +3,9 @@
 /// Partitioned training state (ZeRO, FSDP, tensor and pipeline parallelism): which part of
 /// each tensor of the *global* layout a rank holds or wants, and the pure plan that moves
 /// every wanted byte from a source holding it, and its failover over the other holders.
-/// This header is the planner only; the engines do not use it yet (issue 12:
-/// partition_groups.hpp groups and packs its transfers, partition_declaration.hpp is what
-/// both sides prove before bytes move; the engine wiring follows).
+/// This header is the planner only (issue 12: partition_groups.hpp groups and packs its
+/// transfers, partition_declaration.hpp is what both sides prove before bytes move,
+/// partition_transfer.hpp moves them, partition_engine.hpp forks a training job with them).
 ///
 /// A rank declares, per global tensor, a list of parts, each stored densely in the rank's
 /// own tensor from `local_offset` on: all of it (replicated), a flat element range of the

@@ -425,7 +425,9 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
   /// wants of iteration k, verified; returns k. Throws deepclone::error naming what failed:
   /// a refusal (layout_mismatch naming the first difference, plan_mismatch), the sources'
   /// end of training, a source's failure without a replica, a timeout. The sources are told
-  /// when this rank gives up, and train on.
+  /// when this rank gives up, and train on; they end the fork for the clone ranks still
+  /// receiving (errc::cancelled), while one that had verified all its parts has its k: the
+  /// clone ranks do not commit as a group.
   std::uint64_t wait() {
     request();
     requested_ = false;

@@ -10,8 +10,7 @@
 /// as one derived datatype over its runs where they average 1 KiB or more
 /// (MPI_Type_create_hindexed was 1.0-3.5x faster than packing there, no faster below); the
 /// messages are the unit for both. Pure and
-/// deterministic, like the plan: every rank computes the same groups. The engines do not
-/// use it yet.
+/// deterministic, like the plan: every rank computes the same groups.
 
 #include <algorithm>
 #include <cstddef>

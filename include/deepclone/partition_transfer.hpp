@@ -34,7 +34,7 @@
 /// (detail/partition_failover.hpp), and a layer counts as sent only once every clone rank
 /// that wants it acknowledged it. Before any byte moves, each clone rank proves to every
 /// source that both planned the same transfer (detail/partition_handshake.hpp). The fork
-/// point is the trainer's to agree on: the live engines do not use this yet. The tags must
+/// point is agreed by partition_engine.hpp, which drives this per fork. The tags must
 /// not overlap those of an engine, or of an earlier transfer whose messages may still be
 /// unreceived (a silent source's notices), on the same communicator.
 /// Templated on the communicator and the checksum only.
