@@ -38,6 +38,7 @@
 #include "detail/source_agreement.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
+#include "partition_declaration.hpp"
 #include "partition_job.hpp"
 #include "partition_transfer.hpp"
 
@@ -75,6 +76,14 @@ std::uint32_t index_in(const Comm& c, const std::vector<int>& ranks, const char*
   const auto at = std::find(ranks.begin(), ranks.end(), c.rank());
   if (at == ranks.end()) throw error(errc::invalid_argument, "rank " + std::to_string(c.rank()) + " is not a " + role + " in the job's roles");
   return static_cast<std::uint32_t>(at - ranks.begin());
+}
+
+/// Refuses (invalid_argument, naming the tensor) parts that do not fit `h`, before any fork.
+template <class Span>
+void check_parts(const layout& global, const holdings& h, const std::vector<Span>& parts, const std::string& who) {
+  std::vector<std::uint64_t> sizes;
+  for (const auto& p : parts) sizes.push_back(p.size());
+  check_holdings_fit(global, h, sizes, who);
 }
 
 /// A peer's error code, where it names one; else `fallback`.
@@ -116,14 +125,16 @@ class partition_engine {
     std::uint32_t tag_epochs = 16;
   };
 
-  /// The sources' and clone ranks' plan key: what the coordinator compares before a fork.
-  /// The plan itself is compared pairwise by the transfer's handshake, which names a
-  /// difference in holdings.
+  /// The sources' and clone ranks' plan key: what the coordinator compares before a fork
+  /// (N, M, alignment, checksum, and whether failover is on, in `reconstruct_param`). The
+  /// plan itself is compared pairwise by the transfer's handshake, which names a difference
+  /// in holdings or group options.
   static plan_key key(const partition_job& job) {
     plan_key k;
     k.sources = static_cast<std::uint32_t>(job.ranks().source_count());
     k.clones = static_cast<std::uint32_t>(job.ranks().clone_count());
     k.alignment = job.options().alignment;
+    k.reconstruct_param = job.options().failover ? 1 : 0;
     k.checksum_id = Checksum::id;
     return k;
   }
@@ -138,12 +149,16 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
  public:
   /// `parts[t]`: this source's part of global tensor t, as its holdings declare; they are
   /// read while a fork is in flight, so they must stay where they are. Throws
-  /// `invalid_argument` when this rank is not a source of `job`.
+  /// `invalid_argument` when this rank is not a source of `job`, for parts that do not fit
+  /// its holdings, and for agreement::coordinator with a fork_lead of 0.
   source(Comm& comm, const partition_job& job, std::span<const std::span<const std::byte>> parts, settings s = {})
       : comm_(comm), job_(job), index_(detail::index_in(comm, job.ranks().sources, "source")), parts_(parts.begin(), parts.end()),
         s_(std::move(s)), tags_(detail::partition_tags::fit(comm, s_.tag_base, job, s_.tag_epochs)), key_(key(job)),
         updated_(job.global().layer_count(), 0) {
     job.ranks().validate(comm.size());
+    detail::check_parts(job.global(), job.sources()[index_], parts_, "source " + std::to_string(index_));
+    if (!Agreement::trainer_collective && s_.fork_lead == 0)
+      throw error(errc::invalid_argument, "settings.fork_lead is 0: the other sources must learn the decision before iteration k starts");
     agreement_.emplace(comm_, job.ranks(), index_, job.global(), key_,
                        detail::source_agreement_params{Agreement::name, Agreement::trainer_collective, s_.fork_lead, s_.tag_base,
                                                        tags_.epochs, s_.failover_after},
@@ -166,13 +181,18 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   void before_update(std::size_t l) {
     check_layer(l, "before_update");
     outside_update("before_update()");
-    touched_ = true, updating_ = true;
+    if (updated_[l])
+      throw error(errc::hook_order, "before_update(" + std::to_string(l) + "): layer '" + job_.global().layers()[l].name +
+                                        "' was updated in this iteration already (one update per layer and iteration)");
     if (session_ && session_->sent[l]) hold_until_sent(l);
+    touched_ = true, updating_ = l;
   }
   /// Right after layer `l` was updated: in the fork iteration the layer leaves now.
   void after_update(std::size_t l) {
     check_layer(l, "after_update");
-    updated_[l] = 1, updating_ = false;
+    if (updating_ != l)
+      throw error(errc::hook_order, "after_update(" + std::to_string(l) + ") without before_update(" + std::to_string(l) + ") first");
+    updated_[l] = 1, updating_.reset();
     if (session_ && current() == session_->d.iteration) send(l);
     progress();
   }
@@ -183,10 +203,10 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
     if (last_ && step != *last_ + 1)
       throw error(errc::hook_order, "end_iteration(" + std::to_string(step) + ") after end_iteration(" + std::to_string(*last_) +
                                         "): steps must increase by one");
-    if (session_ && step == session_->d.iteration)
-      for (std::size_t l = 0; l < updated_.size() && session_; ++l) send(l);
+    const bool fork_iteration = session_ && step == session_->d.iteration;
     last_ = step, touched_ = false;
     std::fill(updated_.begin(), updated_.end(), 0);
+    for (std::size_t l = 0; fork_iteration && l < updated_.size() && session_; ++l) send(l);
     progress();
     if constexpr (!Agreement::trainer_collective)
       if (!session_) s_.agreement.end_iteration(*agreement_, step);
@@ -220,16 +240,24 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   void finish() {
     if (finished_) return;
     finished_ = true;
+    struct closing {  // withdraws every receive and control send, also when the end throws
+      source& s;
+      ~closing() {
+        try {
+          s.agreement_->stop();
+        } catch (...) {  // the transport failed: the receives below are withdrawn regardless
+        }
+        for (auto& c : s.cancels_) c.cancel(s.comm_);
+        s.trailing_.wait_all(s.comm_, std::min<std::chrono::nanoseconds>(s.s_.timeout, std::chrono::seconds(1)));
+        s.trailing_.clear(s.comm_);
+      }
+    } close{*this};
     if (!session_) agreement_->serve_raced_decision();
     if (session_ && (!last_ || *last_ < session_->d.iteration))
       fail_session(errc::source_failed, "source " + std::to_string(index_) + " finished training before the fork iteration " +
                                             std::to_string(session_->d.iteration));
     else if (session_ && !wait_until([&] { return !session_; }))
       fail_session(errc::timeout, "source " + std::to_string(index_) + ": the fork was not acknowledged within settings.timeout at finish()");
-    agreement_->stop();
-    for (auto& c : cancels_) c.cancel(comm_);
-    trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(s_.timeout, std::chrono::seconds(1)));
-    trailing_.clear(comm_);
   }
 
   /// True while a fork is agreed or in flight.
@@ -255,7 +283,7 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   std::uint64_t current() const { return last_ ? *last_ + 1 : 0; }
   /// The hooks' order: a layer's update is closed by after_update before anything else.
   void outside_update(const char* call) const {
-    if (updating_)
+    if (updating_.has_value())
       throw error(errc::hook_order, std::string(call) + " between before_update and after_update: close the layer's update first");
   }
   void check_layer(std::size_t l, const char* hook) const {
@@ -272,32 +300,41 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   /// Serves the decided fork `d`: its sender on the fork's tags; the layers already final in
   /// k leave at once (all of them when k ended last, those updated since when k is in progress).
   void serve(const detail::decision_msg& d) override {
-    session s{d, nullptr, std::vector<char>(updated_.size(), 0), updated_.size(), {}};
-    session_ = std::move(s);
+    session_.emplace(session{d, nullptr, std::vector<char>(updated_.size(), 0), updated_.size(), {}});
     if (d.epoch >= tags_.epochs)
       return fail_session(errc::plan_mismatch, "the decision names tag block " + std::to_string(d.epoch) + " of " +
                                                    std::to_string(tags_.epochs) + ": the sources' tag settings differ");
-    try {
-      session_->sender = std::make_unique<sender_type>(comm_, job_.route(tags_.transfer(d.epoch)), index_, parts_);
-    } catch (const error& e) {
-      return fail_session(e.kind(), e.details());
-    }
+    // A raced decision at finish() is served unchecked by the agreement: k must be untouched here.
+    if (!last_ || d.iteration < *last_ || (d.iteration == *last_ && touched_))
+      return fail_session(errc::fork_agreement, "source " + std::to_string(index_) + " received the decision to fork at iteration " +
+                                                    std::to_string(d.iteration) + " when its layers were no longer untouched");
+    if (!guarded([&] { session_->sender = std::make_unique<sender_type>(comm_, job_.route(tags_.transfer(d.epoch), d.session), index_, parts_); }))
+      return;
+    if (std::find(early_cancels_.begin(), early_cancels_.end(), d.session) != early_cancels_.end())
+      return fail_session(errc::cancelled, "a clone rank gave up on the fork before this source joined it");
     for (std::size_t l = 0; l < updated_.size() && session_; ++l)
-      if (last_ && (d.iteration == *last_ || (d.iteration == *last_ + 1 && updated_[l]))) send(l);
+      if (d.iteration == *last_ || (d.iteration == *last_ + 1 && updated_[l])) send(l);
   }
 
-  /// Hands layer `l` of k to the sender (once). Parts that do not fit the holdings are the
-  /// trainer's error: the fork fails and the hook throws.
+  /// Hands layer `l` of k to the sender (once).
   void send(std::size_t l) {
-    if (session_->sent[l]) return;
-    try {
-      session_->sender->send_layer(static_cast<std::uint32_t>(l));
-    } catch (const error& e) {
-      fail_session(e.kind(), e.details());
-      throw;
-    }
+    if (session_->sent[l] || !guarded([&] { session_->sender->send_layer(static_cast<std::uint32_t>(l)); })) return;
     session_->sent[l] = 1;
     if (--session_->unsent == 0) session_->all_sent_at = detail::clock::now();
+  }
+  /// Runs `f` on the fork in flight; what it throws (the transport's failure, an allocation)
+  /// fails the fork, never the trainer's hook. False then.
+  template <class F>
+  bool guarded(F f) {
+    try {
+      f();
+      return true;
+    } catch (const error& e) {
+      fail_session(e.kind(), e.details());
+    } catch (const std::exception& e) {
+      fail_session(errc::transport, e.what());
+    }
+    return false;
   }
 
   /// One round: control sends, clone ranks' cancels, the fork's sends and notices; retires
@@ -307,10 +344,12 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
     trailing_.compact();
     take_cancels();
     if (!session_ || session_->unsent > 0) {
-      if (session_) session_->sender->progress();
+      if (session_) guarded([&] { session_->sender->progress(); });
       return;
     }
-    if (session_->sender->done()) {
+    bool done = false;
+    if (!guarded([&] { done = session_->sender->done(); })) return;
+    if (done) {
       ++completed_;
       end_session();
     } else if (detail::clock::now() - session_->all_sent_at > s_.timeout) {
@@ -321,7 +360,12 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   /// before_update of a layer in flight: waits until it may be overwritten.
   void hold_until_sent(std::size_t l) {
     const auto l32 = static_cast<std::uint32_t>(l);
-    if (!wait_until([&] { return !session_ || session_->sender->layer_sent(l32); }))
+    const auto layer_sent = [&] {
+      bool sent = false;
+      if (session_) guarded([&] { sent = session_->sender->layer_sent(l32); });
+      return !session_ || sent;
+    };
+    if (!wait_until(layer_sent))
       fail_session(errc::timeout, "source " + std::to_string(index_) + ": layer '" + job_.global().layers()[l].name +
                                       "' was not acknowledged within settings.timeout; the source trains on");
   }
@@ -352,10 +396,19 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
         } catch (const error&) {  // a peer's garbage
         }
         cancels_[j].repost(comm_);
-        if (m && session_ && m->session == session_->d.session && m->clone_index == j)
+        if (!m || m->clone_index != j) continue;
+        if (session_ && m->session == session_->d.session)
           fail_session(errc::cancelled, "clone rank " + std::to_string(job_.ranks().clones[j]) + " gave up on the fork (" +
                                             errc_name(detail::peer_code(m->code, errc::cancelled)) + ")");
+        else
+          remember_cancel(m->session);  // a fork this source has not joined yet (a follower learns of it later)
       }
+  }
+
+  /// Cancels of forks this source has not joined, the newest few: serve() ends such a fork at once.
+  void remember_cancel(std::uint64_t session) {
+    early_cancels_.push_back(session);
+    if (early_cancels_.size() > 16) early_cancels_.erase(early_cancels_.begin());
   }
 
   /// The fork in flight fails: every clone rank is told why, its sends are withdrawn.
@@ -384,10 +437,11 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   plan_key key_;
   std::vector<char> updated_;  ///< per layer: updated in the iteration in progress
   bool touched_ = false;       ///< a layer's update began in the iteration in progress
-  bool updating_ = false;      ///< between before_update and after_update
+  std::optional<std::size_t> updating_;  ///< the layer between its before_update and after_update
   std::optional<std::uint64_t> last_;
   detail::outbox<Comm> trailing_;
   std::vector<detail::inbox_slot<Comm>> cancels_;  ///< one per clone rank
+  std::vector<std::uint64_t> early_cancels_;        ///< remember_cancel
   std::optional<detail::source_agreement<Comm>> agreement_;
   std::optional<session> session_;
   std::uint64_t word_ = 0, completed_ = 0, failed_ = 0;
@@ -400,16 +454,20 @@ template <class Comm, class Agreement, class Checksum>
 class partition_engine<Comm, Agreement, Checksum>::clone {
  public:
   /// `parts[t]`: this clone rank's part of global tensor t, as its holdings declare. Throws
-  /// `invalid_argument` when this rank is not a clone rank of `job`.
+  /// `invalid_argument` when this rank is not a clone rank of `job`, or for parts that do
+  /// not fit its holdings.
   clone(Comm& comm, const partition_job& job, std::span<const std::span<std::byte>> parts, settings s = {})
       : comm_(comm), job_(job), index_(detail::index_in(comm, job.ranks().clones, "clone rank")), parts_(parts.begin(), parts.end()),
         s_(std::move(s)), tags_(detail::partition_tags::fit(comm, s_.tag_base, job, s_.tag_epochs)),
         request_(comm_, job.ranks(), trailing_, s_.tag_base, index_) {
     job.ranks().validate(comm.size());
+    detail::check_parts(job.global(), job.clones()[index_], parts_, who());
   }
   clone(const clone&) = delete;
   clone& operator=(const clone&) = delete;
+  /// A request not yet answered is withdrawn: the sources do not fork for this rank.
   ~clone() {
+    if (requested_) request_.withdraw();
     request_.cancel();
     trailing_.wait_all(comm_, std::chrono::seconds(1));
     trailing_.clear(comm_);
@@ -430,9 +488,12 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
   /// clone ranks do not commit as a group.
   std::uint64_t wait() {
     request();
-    requested_ = false;
     const auto d = await_decision();
+    requested_ = false;
     try {
+      if (d.epoch >= tags_.epochs)
+        throw error(errc::plan_mismatch, who() + ": the sources chose tag block " + std::to_string(d.epoch) + " of " +
+                                             std::to_string(tags_.epochs) + " (settings.tag_base or tag_epochs differ)");
       receive(d);
     } catch (const error& e) {
       request_.cancel_session(d.session, e.kind());
@@ -457,6 +518,7 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
       if (detail::clock::now() >= deadline) {
         request_.withdraw();
         request_.cancel();
+        requested_ = false;
         throw error(errc::timeout, who() + ": no fork decision within settings.timeout (do the sources call their hooks, and "
                                            "fork_word()/fork_agreed() with a trainer-collective agreement?)");
       }
@@ -466,12 +528,8 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
   /// The decision, if it accepted this request; else the error it means.
   detail::decision_msg accepted(const detail::request_answer& a) {
     const auto& d = a.decision;
-    if (d.status == detail::verdict::accepted) {
-      if (d.epoch >= tags_.epochs)
-        throw error(errc::plan_mismatch, who() + ": the sources chose tag block " + std::to_string(d.epoch) + " of " +
-                                             std::to_string(tags_.epochs) + " (settings.tag_base or tag_epochs differ)");
-      return d;
-    }
+    if (d.status == detail::verdict::accepted) return d;
+    requested_ = false;
     if (d.status == detail::verdict::stopped)
       throw error(errc::source_failed, who() + ": the sources finished training (last step " + std::to_string(d.iteration) +
                                            ") before they could serve this request");
@@ -479,6 +537,9 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
                                      ? "clone rank " + std::to_string(job_.ranks().clones[d.offending_clone])
                                      : "another clone rank";
     if (d.status == detail::verdict::plan_differs) {
+      if (d.key.reconstruct_param != key(job_).reconstruct_param)
+        throw error(errc::plan_mismatch, who() + ": partition_job_options.failover is " + (d.key.reconstruct_param ? "on" : "off") +
+                                             " at the sources and " + (d.key.reconstruct_param ? "off" : "on") + " here");
       const auto diff = d.key.difference(key(job_));
       throw error(errc::plan_mismatch, diff.empty() ? offender + " uses plan settings that differ from the sources'" : who() + ": " + diff);
     }
@@ -502,19 +563,23 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
       }
     } st{comm_, std::vector<detail::inbox_slot<Comm>>(r.source_count())};
     for (std::size_t i = 0; i < st.slots.size(); ++i) st.slots[i].post(comm_, r.sources[i], s_.tag_base + detail::tag_status, detail::control_bytes);
-    partition_receiver<Comm, Checksum> in(comm_, job_.route(tags_.transfer(d.epoch)), index_, parts_);
+    partition_receiver<Comm, Checksum> in(comm_, job_.route(tags_.transfer(d.epoch), d.session), index_, parts_);
     detail::idler<Comm> idle(comm_);
     const auto deadline = detail::clock::now() + s_.timeout;
     for (idle.mark(); !in.progress(); idle.mark()) {
-      for (auto& slot : st.slots) throw_failed_status(slot, d.session);
+      for (std::uint32_t i = 0; i < st.slots.size(); ++i) take_status(st.slots[i], i, d.session, in);
+      in.presume_silent_failed();
       trailing_.poll(comm_);
       if (detail::clock::now() >= deadline)
-        throw error(errc::timeout, who() + ": the fork of iteration " + std::to_string(d.iteration) + " did not complete within settings.timeout");
+        throw error(errc::timeout, who() + ": the fork of iteration " + std::to_string(d.iteration) + ": " + in.missing() +
+                                       " did not arrive within settings.timeout");
       idle.idle(deadline);
     }
   }
-  /// A source's status that fails fork `session` (garbage and other forks' are dropped).
-  void throw_failed_status(detail::inbox_slot<Comm>& slot, std::uint64_t session) {
+  /// Source `i`'s status for fork `session` (garbage and other forks' are dropped): a source
+  /// that cannot serve it is failed over to the other holders of its bytes (with failover;
+  /// errc::source_failed where none holds them), a fork ended for every clone rank fails here.
+  void take_status(detail::inbox_slot<Comm>& slot, std::uint32_t i, std::uint64_t session, partition_receiver<Comm, Checksum>& in) {
     while (auto b = slot.test(comm_)) {
       std::optional<detail::status_msg> m;
       try {
@@ -522,8 +587,12 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
       } catch (const error&) {
       }
       slot.repost(comm_);
-      if (m && m->session == session && m->code != 0)
-        throw error(detail::peer_code(m->code, errc::source_failed), "source " + std::to_string(m->source_index) + ": " + m->reason);
+      if (!m || m->session != session || m->code == 0) continue;
+      const auto code = detail::peer_code(m->code, errc::source_failed);
+      if (code == errc::cancelled || !job_.options().failover)
+        throw error(code, "source " + std::to_string(i) + ": " + m->reason);
+      const std::uint32_t failed[] = {i};
+      in.fail_over(failed);
     }
   }
 

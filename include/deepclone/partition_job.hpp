@@ -62,8 +62,11 @@ class partition_job {
   const partition_job_options& options() const noexcept { return options_; }
   const partition_plan& plan() const noexcept { return plan_; }
   const partition_groups& groups() const noexcept { return groups_; }
-  /// The transfer of this plan on the tags from `tag_base` on (`transfer_tags()` of them).
-  partition_route route(int tag_base) const { return {ranks_, global_, groups_, tag_base, failover_ ? &*failover_ : nullptr}; }
+  /// The transfer of this plan on the tags from `tag_base` on (`transfer_tags()` of them),
+  /// named `transfer` (partition_route::transfer).
+  partition_route route(int tag_base, std::uint64_t transfer = 0) const {
+    return {ranks_, global_, groups_, tag_base, failover_ ? &*failover_ : nullptr, transfer};
+  }
   /// Tags one transfer uses: its control and refusal tags, then data and sums per layer.
   long long transfer_tags() const noexcept { return 2 + 2 * static_cast<long long>(global_.layer_count()); }
 

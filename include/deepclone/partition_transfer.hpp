@@ -24,7 +24,9 @@
 /// Each layer has its own pair of tags (data, sums) from `tag_base` on, so a source may send
 /// its layers in any order (a trainer updates them last-first); within one layer, the
 /// messages between one source and one clone rank match in the order sent (the
-/// communicator's rule), which both sides walk alike.
+/// communicator's rule), which both sides walk alike. Sums, notices and farewells name the
+/// transfer (partition_route::transfer), so that what an earlier transfer on the same tags
+/// left queued is dropped (a group's bytes received again), not taken for this one's.
 ///
 /// What this is today: the transfer from sources whose layers do not change until they are
 /// reported sent (`layer_sent(l)` / `wait_layer(l)`: a trainer may train on and wait only
@@ -96,6 +98,11 @@ struct partition_route {
   /// same bytes, and a source keeps each layer until every clone rank that wants it
   /// acknowledged it (detail/partition_failover.hpp). Null: no failover, no acknowledgements.
   const partition_failover* failover = nullptr;
+  /// Names this transfer in what it sends that may outlive it (each group's sums): a group
+  /// an earlier transfer on the same tags left queued at a clone rank that gave up is
+  /// dropped and received again, not taken for this one's. Give consecutive transfers on
+  /// the same tags different ids (partition_engine uses its fork's session id).
+  std::uint64_t transfer = 0;
 };
 
 /// A source's side: sends its groups from its own tensors (`tensors[t]`: its part of global
@@ -104,14 +111,14 @@ template <class Comm, class Checksum = checksum::mix64>
 class partition_sender {
  public:
   partition_sender(Comm& c, partition_route route, std::uint32_t source, std::span<const std::span<const std::byte>> tensors)
-      : comm_(c), route_(route), source_(source), out_(c, route_.global, route_.tag_base, tensors), sent_(route_.global.layer_count(), 0),
+      : comm_(c), route_(route), source_(source), out_(c, route_.global, route_.tag_base, route_.transfer, tensors), sent_(route_.global.layer_count(), 0),
         released_(route_.global.layer_count(), 0) {
     if (source >= route_.ranks.source_count())
       throw error(errc::invalid_argument, "partition_sender: source " + std::to_string(source) + " of " +
                                               std::to_string(route_.ranks.source_count()));
     const auto layers = route_.global.layer_count();
     detail::check_tags(comm_, route_.tag_base, layers);
-    if (route_.failover) failover_.emplace(route_.global, *route_.failover, route_.groups, route_.ranks, source);
+    if (route_.failover) failover_.emplace(route_.global, *route_.failover, route_.groups, route_.ranks, source, route_.transfer);
     inbox_.emplace(comm_, route_.ranks, route_.global, route_.groups, source, detail::control_tag(route_.tag_base),
                    detail::refusal_tag(route_.tag_base), detail::partition_notice::max_size(route_.ranks.source_count(), layers));
   }
@@ -267,15 +274,15 @@ class partition_receiver {
       throw error(errc::invalid_argument, "partition_receiver: clone rank " + std::to_string(clone) + " of " +
                                               std::to_string(route_.ranks.clone_count()));
     detail::check_tags(comm_, route_.tag_base, route_.global.layer_count());
-    if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base);
+    if (route_.failover) failover_.emplace(comm_, route_.global, *route_.failover, route_.ranks, clone, route_.tag_base, route_.transfer);
     try {
       for (auto gi : route_.groups.received_by_clone(clone_)) post_group(route_.groups.groups()[gi], 0);
       for (auto gi : route_.groups.forwarded_to_clone(clone_)) post_group(route_.groups.forwards()[gi], 0);
       if (!route_.groups.forwarded_by_clone(clone_).empty()) {
         const std::vector<std::span<const std::byte>> own(tensors_.begin(), tensors_.end());
-        forward_.emplace(comm_, route_.global, route_.tag_base, own);
+        forward_.emplace(comm_, route_.global, route_.tag_base, route_.transfer, own);
       }
-      if (failover_) peers_.emplace(comm_, route_.ranks, route_.global, route_.groups, clone_, detail::control_tag(route_.tag_base));
+      if (failover_) peers_.emplace(comm_, route_.ranks, route_.global, route_.groups, clone_, detail::control_tag(route_.tag_base), route_.transfer);
     } catch (...) {  // a run outside an own tensor: nothing stays posted
       cancel();
       throw;
@@ -304,8 +311,33 @@ class partition_receiver {
     complete_ = all && forwards_done() && (!failover_ || failover_->flushed());  // the sources wait for the acknowledgements
     return complete_;
   }
+  /// With failover: presumes failed the sources this rank still awaits that neither delivered
+  /// a group nor were asked for one for `presume_failed_after`, once some source delivered one
+  /// (wait() does this between rounds; a caller driving progress() itself calls it too).
+  void presume_silent_failed() {
+    if (!failover_ || (!any_delivered_ && !route_.groups.received_by_clone(clone_).empty())) return;  // forwards only: from the start
+    const auto now = detail::clock::now();
+    std::vector<std::uint32_t> silent, silent_forwarders;
+    for (const auto& in : incoming_) {
+      if (in.verified || in.replaced) continue;
+      const auto s = in.group->source;
+      const auto last = in.group->forwarded ? peers_->last_heard(s) : quiet_since_[s];
+      if (now - last > route_.failover->presume_failed_after) add_once(in.group->forwarded ? silent_forwarders : silent, s);
+    }
+    if (!silent.empty()) fail_over(silent);
+    for (auto f : silent_forwarders) refetch_from(f);
+  }
+  /// What has not arrived yet, for a timeout's message.
+  std::string missing() {
+    for (const auto& in : incoming_)
+      if (!in.verified && !in.replaced) return detail::group_label(route_.global, *in.group);
+    if (!forwards_done()) return "forwards of clone rank " + std::to_string(clone_) + " to the other clone ranks";
+    return failover_ ? "acknowledgements to the sources" : "nothing";
+  }
   /// True once every group of layer `l` arrived and was verified.
   bool layer_done(std::uint32_t l) const { return unverified_.at(l) == 0; }
+  /// Groups an earlier transfer on the same tags had left queued, dropped (and received again).
+  std::size_t stale_groups() const noexcept { return stale_groups_; }
   /// Presumes `sources` failed: withdraws the receives of their groups still missing, tells
   /// every source, and receives those groups' bytes from live holders instead
   /// (route.failover). Sources already presumed failed are skipped. Throws
@@ -390,8 +422,6 @@ class partition_receiver {
   /// a source or, forwarded, from another clone rank. `refetched`: it carries bytes another
   /// clone rank did not forward (this rank forwards none of them, so its forwards do not wait).
   void post_group(const partition_group& g, std::uint32_t round, bool refetched = false) {
-    const int data = detail::partition_tag(route_.tag_base, g.layer, false);
-    const int from = g.forwarded ? route_.ranks.clones.at(g.source) : route_.ranks.sources.at(g.source);
     auto& in = incoming_.emplace_back();
     in.group = &g;
     in.round = round;
@@ -399,18 +429,26 @@ class partition_receiver {
     ++unverified_.at(g.layer);
     if (in.gates_forwards) ++from_sources_.at(g.layer);
     if (!g.forwarded) quiet_since_.at(g.source) = detail::clock::now();  // asked for more: silence counts from now
-    for (const auto& m : g.messages) {
-      const bool buffered = m.packed && !detail::gathers<Comm>(m);
-      auto& buf = in.packed.emplace_back(buffered ? static_cast<std::size_t>(m.bytes) : 0);
+    for (const auto& m : g.messages) in.packed.emplace_back(m.packed && !detail::gathers<Comm>(m) ? static_cast<std::size_t>(m.bytes) : 0);
+    in.sums.resize(detail::partition_sums::size_for(detail::sum_count(g)));
+    post_receives(in);
+  }
+  /// Posts the receives of group `in` (again, for a group an earlier transfer left queued).
+  void post_receives(incoming& in) {
+    const auto& g = *in.group;
+    const int data = detail::partition_tag(route_.tag_base, g.layer, false);
+    const int from = g.forwarded ? route_.ranks.clones.at(g.source) : route_.ranks.sources.at(g.source);
+    in.data.clear();
+    for (std::size_t i = 0; i < g.messages.size(); ++i) {
+      const auto& m = g.messages[i];
       if constexpr (gathering_communicator<Comm>)
         if (m.gather) {
           in.data.push_back(comm_.irecv_scatter(from, data, clone_runs(m)));
           continue;
         }
-      const auto into = m.packed ? std::span<std::byte>(buf) : clone_run(route_.global, m.runs.front(), tensors_);
+      const auto into = m.packed ? std::span<std::byte>(in.packed[i]) : clone_run(route_.global, m.runs.front(), tensors_);
       in.data.push_back(comm_.irecv(from, data, into));
     }
-    in.sums.resize(detail::partition_sums::size_for(detail::sum_count(g)));
     in.sums_request = comm_.irecv(from, data + 1, std::span<std::byte>(in.sums));
   }
 
@@ -445,6 +483,11 @@ class partition_receiver {
   bool accept(incoming& in, std::size_t sums_bytes) {
     const auto& g = *in.group;
     const auto sums = detail::partition_sums::decode_for(std::span<const std::byte>(in.sums).first(sums_bytes), g);
+    if (sums.transfer != route_.transfer) {  // an earlier transfer's, left queued: this one's follows
+      ++stale_groups_;
+      post_receives(in);
+      return false;
+    }
     for (std::size_t i = 0, k = 0; i < g.messages.size(); k += g.messages[i].sum_count(), ++i)
       verify(g, i, in.packed[i], std::span<const std::uint64_t>(sums.sums).subspan(k, g.messages[i].sum_count()));
     for (std::size_t i = 0; i < g.messages.size(); ++i)
@@ -553,21 +596,6 @@ class partition_receiver {
       }
     }
   }
-  /// With failover: presumes failed the sources this rank still awaits that neither delivered
-  /// a group nor were asked for one for `presume_failed_after`, once some source delivered one.
-  void presume_silent_failed() {
-    if (!failover_ || (!any_delivered_ && !route_.groups.received_by_clone(clone_).empty())) return;  // forwards only: from the start
-    const auto now = detail::clock::now();
-    std::vector<std::uint32_t> silent, silent_forwarders;
-    for (const auto& in : incoming_) {
-      if (in.verified || in.replaced) continue;
-      const auto s = in.group->source;
-      const auto last = in.group->forwarded ? peers_->last_heard(s) : quiet_since_[s];
-      if (now - last > route_.failover->presume_failed_after) add_once(in.group->forwarded ? silent_forwarders : silent, s);
-    }
-    if (!silent.empty()) fail_over(silent);
-    for (auto f : silent_forwarders) refetch_from(f);
-  }
   /// Message i's bytes where they arrived: one run in the own tensor (direct), the packed
   /// buffer, or (gathered) each run, in the buffer or in the own tensors.
   std::vector<std::span<std::byte>> arrived(const partition_message& m, std::span<std::byte> packed) {
@@ -591,17 +619,12 @@ class partition_receiver {
     for (const auto& r : m.runs) out.push_back(clone_run(route_.global, r, tensors_));
     return out;
   }
-  std::string missing() {
-    for (const auto& in : incoming_)
-      if (!in.verified && !in.replaced) return detail::group_label(route_.global, *in.group);
-    if (!forwards_done()) return "forwards of clone rank " + std::to_string(clone_) + " to the other clone ranks";
-    return failover_ ? "acknowledgements to the sources" : "nothing";
-  }
 
   Comm& comm_;
   partition_route route_;
   std::uint32_t clone_;
   std::vector<std::span<std::byte>> tensors_;
+  std::size_t stale_groups_ = 0;
   std::deque<incoming> incoming_;  // a deque: receives write into its elements' buffers, which must not move
   std::vector<std::uint32_t> unverified_;                    // per layer: groups not verified nor replaced
   std::vector<std::uint32_t> from_sources_;                  // per layer: of those, the ones this rank's forwards wait for (gates_forwards)

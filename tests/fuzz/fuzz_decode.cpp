@@ -61,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         switch (size % 4) {
           case 0: {
             auto n = dc::detail::partition_notice::decode(b, 2, 4, 13, 3);  // 3 clone ranks: refetch notices too
-            if (dc::detail::partition_notice::decode(n.encode(13), 2, 4, 13, 3).layers != n.layers) __builtin_trap();
+            if (dc::detail::partition_notice::decode(n.encode(13, 0), 2, 4, 13, 3).layers != n.layers) __builtin_trap();
             break;
           }
           case 1: {

@@ -12,11 +12,13 @@
 #include <deepclone/inproc.hpp>
 #include <deepclone/partition_engine.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -174,24 +176,28 @@ std::optional<dc::errc> fork_once(dc::inproc::communicator& c, const dc::partiti
 }  // namespace
 
 TEST_CASE("partition engine: a clone rank that gives up fails its peers' fork cleanly; the next fork is exact") {
-  // Clone rank 0 declares parts that do not fit its holdings: its receiver refuses them, it
-  // tells the sources, they end the fork for every clone rank and train on.
+  // Clone rank 0 first declares other holdings (it wants only fc1): the coordinator accepts
+  // its request (same global layout and settings), each source's handshake refuses it
+  // (plan_mismatch), it tells the sources, they end the fork for every clone rank and train on.
   const auto s = tp2_dp2();
+  auto other = s;
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
+    if (s.lay.layer_of(t) == 1) other.dst[0].of_tensor[t].clear();
+  const dc::partition_job mistaken(dc::roles::contiguous(4, 3), other.lay, other.src, other.dst);
   std::mutex mu;
   std::vector<std::optional<dc::errc>> first(s.dst.size());
   const auto body = [&](dc::inproc::communicator& c, const dc::partition_job& job, std::uint32_t j, outcome& out) {
     auto own = own_tensors(s.lay, s.dst[j], false);
-    auto bad = own;
-    if (j == 0) bad[0].resize(bad[0].size() / 2);
+    auto mine_first = own_tensors(s.lay, other.dst[j], false);
     outcome mine{std::vector<std::vector<std::uint64_t>>(s.dst.size()), std::vector<std::vector<bool>>(s.dst.size()), {}, {}, {}};
-    first[j] = fork_once<collective_engine>(c, job, s, j, bad, mine);
+    first[j] = fork_once<collective_engine>(c, j == 0 ? mistaken : job, j == 0 ? other : s, j, mine_first, mine);
     const auto again = fork_once<collective_engine>(c, job, s, j, own, mine);
     std::lock_guard g(mu);
     out.ks[j] = mine.ks[j], out.exact[j] = mine.exact[j];
     if (again) out.errors.insert(out.errors.end(), mine.errors.begin(), mine.errors.end());
   };
   const auto o = run<collective_engine>(s, {}, {}, body);
-  REQUIRE(first[0] == dc::errc::invalid_argument);
+  REQUIRE(first[0] == dc::errc::plan_mismatch);
   for (const auto& e : o.errors) INFO(e);
   REQUIRE(o.errors.empty());
   for (std::size_t j = 0; j < o.ks.size(); ++j) {
@@ -202,8 +208,12 @@ TEST_CASE("partition engine: a clone rank that gives up fails its peers' fork cl
     CHECK(o.ks[j].back() == o.ks[0].back());
     for (bool e : o.exact[j]) CHECK(e);
   }
-  for (auto c : o.completed) CHECK(c == 1);
-  for (auto f : o.failed) CHECK(f == 1);
+  // A source that refused clone rank 0 no longer awaits it: it may complete the first fork
+  // with the others before the cancel comes; every source completes the second.
+  for (std::size_t i = 0; i < o.completed.size(); ++i) {
+    CHECK(o.completed[i] >= 1);
+    CHECK(o.completed[i] + o.failed[i] == 2);
+  }
 }
 
 TEST_CASE("partition engine: a clone rank that vanishes after its request costs the sources one timeout, not their training") {
@@ -213,9 +223,12 @@ TEST_CASE("partition engine: a clone rank that vanishes after its request costs 
   const auto body = [&](dc::inproc::communicator& c, const dc::partition_job& job, std::uint32_t j, outcome& out) {
     auto own = own_tensors(s.lay, s.dst[j], false);
     auto parts = spans<std::byte>(own);
-    {
-      collective_engine::clone gone(c, job, parts, set);
-      gone.request();  // and never receives: the sources' fork fails after settings.timeout
+    {  // a clone rank that asks and dies: its request, and nothing after it
+      dc::detail::outbox<dc::inproc::communicator> out;
+      dc::detail::clone_request<dc::inproc::communicator> gone(c, job.ranks(), out, set.tag_base, j);
+      gone.send(job.global().fingerprint(), collective_engine::key(job), 0);
+      gone.cancel();
+      out.wait_all(c, 1s);
     }
     std::this_thread::sleep_for(400ms);
     collective_engine::settings patient = set;
@@ -301,4 +314,141 @@ TEST_CASE("partition engine: the hooks' rules, and bounded waits") {
     src.finish();
     CHECK_THROWS_WITH_AS(dst.wait(), doctest::Contains("finished training"), dc::error);
   }
+}
+
+TEST_CASE("partition engine: a fork given up leaves bytes queued; the next fork on the same tags drops them, exactly") {
+  // One tag block (tag_epochs = 1): the first fork's clone rank gives up while layer b's
+  // sends are queued for it; the second fork's receives match them first. Each group's sums
+  // name their transfer, so those bytes are dropped and received again (before, the second
+  // fork returned k with layer b of the first fork's iteration, verified).
+  dc::layout lay;
+  lay.add_layer({"a", {tensor("w", {16})}});
+  lay.add_layer({"b", {tensor("w", {16})}});
+  const std::vector<dc::holdings> one(1, dc::holdings::replicated(lay));
+  const dc::partition_job job(dc::roles::contiguous(1, 1), lay, one, one);
+  dc::inproc::world w(2);
+  std::atomic<bool> stop{false}, slow{true};
+  std::vector<std::vector<std::byte>> mem(2, std::vector<std::byte>(64));
+  coordinator_engine::settings set;
+  set.tag_epochs = 1;
+  set.timeout = 3s;
+  std::thread source([&] {
+    auto c = w.comm(0);
+    const std::vector<std::span<const std::byte>> parts{mem[0], mem[1]};
+    coordinator_engine::source src(c, job, parts, set);
+    for (std::uint64_t it = 0; !stop; ++it) {
+      for (std::size_t l = 2; l-- > 0;) {
+        src.before_update(l);
+        std::this_thread::sleep_for(slow ? 100ms : 5ms);  // slow: the first clone gives up mid-fork
+        std::fill(mem[l].begin(), mem[l].end(), std::byte(it));
+        src.after_update(l);
+      }
+      src.end_iteration(it);
+    }
+  });
+  auto c = w.comm(1);
+  std::vector<std::vector<std::byte>> own(2, std::vector<std::byte>(64, std::byte{0xEE}));
+  const std::vector<std::span<std::byte>> parts{own[0], own[1]};
+  auto impatient = set;
+  impatient.timeout = 250ms;
+  CHECK_THROWS_AS(coordinator_engine::clone(c, job, parts, impatient).wait(), dc::error);
+  std::this_thread::sleep_for(600ms);
+  slow = false;
+  std::uint64_t k = 0;
+  CHECK_NOTHROW(k = coordinator_engine::clone(c, job, parts, set).wait());
+  stop = true;
+  source.join();
+  CHECK(int(own[0][0]) == int(std::uint8_t(k)));
+  CHECK(int(own[1][0]) == int(std::uint8_t(k)));
+}
+
+namespace {
+
+/// Two replicated layers of 16 KiB on `n` sources and one clone rank, failover presuming a
+/// silent source after 200 ms.
+struct small_job {
+  dc::layout lay;
+  std::vector<dc::holdings> src, dst;
+  std::unique_ptr<dc::partition_job> job;
+  explicit small_job(std::uint32_t n, const std::vector<dc::holdings>* clones = nullptr) {
+    lay.add_layer({"a", {tensor("w", {4096})}});
+    lay.add_layer({"b", {tensor("w", {4096})}});
+    src.assign(n, dc::holdings::replicated(lay));
+    dst = clones ? *clones : std::vector<dc::holdings>(1, dc::holdings::replicated(lay));
+    job = std::make_unique<dc::partition_job>(dc::roles::contiguous(int(n), 1), lay, src, dst,
+                                              dc::partition_job_options{.presume_failed_after = 200ms});
+  }
+};
+
+/// Source `i` of `j` training `iterations` (each layer rewritten with the iteration after
+/// `pause`) under agreement::coordinator; returns its longest before_update.
+double train_small(dc::inproc::communicator c, const small_job& j, std::uint64_t iterations, std::chrono::milliseconds pause,
+                   coordinator_engine::settings set, const std::atomic<bool>& stop) {
+  std::vector<std::vector<std::byte>> mem(2, std::vector<std::byte>(16384));
+  const std::vector<std::span<const std::byte>> parts{mem[0], mem[1]};
+  coordinator_engine::source src(c, *j.job, parts, set);
+  double worst = 0;
+  for (std::uint64_t it = 0; it < iterations && !stop; ++it) {
+    for (std::size_t l = 2; l-- > 0;) {
+      const auto t0 = std::chrono::steady_clock::now();
+      src.before_update(l);
+      worst = std::max(worst, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::this_thread::sleep_for(pause);
+      std::fill(mem[l].begin(), mem[l].end(), std::byte(it));
+      src.after_update(l);
+    }
+    src.end_iteration(it);
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("partition engine: a source that vanishes is failed over to its replica; the fork completes exactly") {
+  small_job j(2);
+  dc::inproc::world w(3);
+  std::atomic<bool> stop{false};
+  coordinator_engine::settings set;
+  set.fork_lead = 1;
+  set.timeout = 10s;
+  std::thread source([&] { train_small(w.comm(0), j, 100000, 5ms, set, stop); });  // source 1 never starts
+  auto c = w.comm(2);
+  std::vector<std::vector<std::byte>> own(2, std::vector<std::byte>(16384, std::byte{0xEE}));
+  const std::vector<std::span<std::byte>> parts{own[0], own[1]};
+  std::uint64_t k = 0;
+  CHECK_NOTHROW(k = coordinator_engine::clone(c, *j.job, parts, set).wait());  // before: timed out, never presumed source 1 failed
+  stop = true;
+  source.join();
+  for (const auto& t : own) CHECK(std::all_of(t.begin(), t.end(), [&](std::byte b) { return b == std::byte(k); }));
+}
+
+TEST_CASE("partition engine: a follower that learns of a fork after its clone rank gave up ends it at once, not after a timeout") {
+  // The clone rank's holdings differ from the sources' plan: source 0 refuses it as soon as it
+  // serves, and the clone rank cancels; source 1 follows the decision only at its next
+  // end_iteration, after the cancel came (before: dropped, and before_update of k + 1 held
+  // for settings.timeout).
+  small_job j(2);
+  auto other = j.dst;
+  other[0].of_tensor[1].clear();
+  small_job mistaken(2, &other);
+  dc::inproc::world w(3);
+  std::atomic<bool> stop{false};
+  coordinator_engine::settings set;
+  set.fork_lead = 3;
+  set.timeout = 2s;
+  double worst[2] = {0, 0};
+  std::vector<std::thread> sources;
+  for (int i = 0; i < 2; ++i)
+    sources.emplace_back([&, i] {
+      if (i == 1) std::this_thread::sleep_for(5ms);
+      worst[i] = train_small(w.comm(i), j, 40, 10ms, set, stop);
+    });
+  auto c = w.comm(2);
+  std::vector<std::vector<std::byte>> own(2, std::vector<std::byte>(16384));
+  own[1].clear();
+  const std::vector<std::span<std::byte>> parts{own[0], own[1]};
+  CHECK_THROWS_AS(coordinator_engine::clone(c, *mistaken.job, parts, set).wait(), dc::error);
+  for (auto& t : sources) t.join();
+  CHECK(worst[0] < 1.0);
+  CHECK(worst[1] < 1.0);
 }

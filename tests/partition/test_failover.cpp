@@ -253,7 +253,7 @@ TEST_CASE("partition failover: notices a source cannot serve are dropped and cou
   const std::vector<std::byte> garbage(40, std::byte{0x7F});
   using notice = dc::detail::partition_notice;
   const notice other{notice::kind::layer_verified, 5, 0, 0, {0}, {}};  // names another clone rank
-  const auto other_bytes = other.encode(s.lay.layer_count());
+  const auto other_bytes = other.encode(s.lay.layer_count(), 0);
   auto send_notice = [&](std::span<const std::byte> b) {
     auto r = c2.isend(0, notice_tag, b);
     (void)c2.wait(r);
@@ -265,8 +265,8 @@ TEST_CASE("partition failover: notices a source cannot serve are dropped and cou
     dc::partition_receiver<dc::inproc::communicator> receive(c2, route, 0, out);  // its hello goes first
     send_notice(garbage);
     send_notice(other_bytes);
-    send_notice(nobody.encode(s.lay.layer_count()));
-    send_notice(no_forwarder.encode(s.lay.layer_count()));
+    send_notice(nobody.encode(s.lay.layer_count(), 0));
+    send_notice(no_forwarder.encode(s.lay.layer_count(), 0));
     send0.send_all();
     send1.send_all();
     receive.wait(10s);
@@ -276,7 +276,7 @@ TEST_CASE("partition failover: notices a source cannot serve are dropped and cou
   CHECK(send0.refused_notices() == 4);
   CHECK(contains(send0.last_refusal(), "forwarding clone rank 0 of 1"));
   const notice late{notice::kind::failover, 0, 1, 0, {1}, {0, 1}};  // source 1 "failed": its fc2 asked of source 0
-  send_notice(late.encode(s.lay.layer_count()));
+  send_notice(late.encode(s.lay.layer_count(), 0));
   for (int i = 0; i < 1000 && send0.refused_notices() < 5; ++i) send0.progress(), std::this_thread::sleep_for(1ms);
   CHECK(send0.refused_notices() == 5);
   CHECK(contains(send0.last_refusal(), "already released"));

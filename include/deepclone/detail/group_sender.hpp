@@ -45,15 +45,17 @@ bool gathers(const partition_message& m) {
 }
 
 /// One group's checksums in message order (one per run of a gathered message), naming the
-/// group they belong to.
+/// group they belong to and the transfer that sent them (partition_route::transfer): a
+/// group an earlier transfer on the same tags left queued is told apart by it.
 struct partition_sums {
-  static constexpr std::uint32_t magic = 0x50534D31;  // "PSM1"
+  static constexpr std::uint32_t magic = 0x50534D32;  // "PSM2"
   std::uint32_t layer = 0, source = 0, clone = 0;
+  std::uint64_t transfer = 0;
   std::vector<std::uint64_t> sums;
-  static std::size_t size_for(std::size_t messages) { return 5 * 4 + 8 * messages + 8; }
+  static std::size_t size_for(std::size_t messages) { return 5 * 4 + 8 + 8 * messages + 8; }
   std::vector<std::byte> encode() const {
     writer w;
-    w.u32(magic), w.u32(layer), w.u32(source), w.u32(clone), w.u32(static_cast<std::uint32_t>(sums.size()));
+    w.u32(magic), w.u32(layer), w.u32(source), w.u32(clone), w.u64(transfer), w.u32(static_cast<std::uint32_t>(sums.size()));
     for (auto s : sums) w.u64(s);
     return seal(w);
   }
@@ -63,7 +65,7 @@ struct partition_sums {
     reader r(unseal(b, "partition checksums"), "partition checksums");
     if (r.u32() != magic) r.fail("bad magic word");
     partition_sums m;
-    m.layer = r.u32(), m.source = r.u32(), m.clone = r.u32();
+    m.layer = r.u32(), m.source = r.u32(), m.clone = r.u32(), m.transfer = r.u64();
     if (m.layer != g.layer || m.source != g.source || m.clone != g.clone) r.fail("the sums of another group");
     const auto n = sum_count(g);
     if (r.u32() != n) r.fail("a checksum count other than the group's " + std::to_string(n));
@@ -82,8 +84,10 @@ inline int partition_tag(int tag_base, std::uint32_t l, bool sums) { return tag_
 template <class Comm, class Checksum>
 class group_sender {
  public:
-  group_sender(Comm& c, const layout& global, int tag_base, std::span<const std::span<const std::byte>> tensors)
-      : comm_(c), global_(global), tag_base_(tag_base), tensors_(tensors.begin(), tensors.end()), requests_(global.layer_count()) {}
+  /// `transfer`: the id its sums carry (partition_route::transfer).
+  group_sender(Comm& c, const layout& global, int tag_base, std::uint64_t transfer, std::span<const std::span<const std::byte>> tensors)
+      : comm_(c), global_(global), tag_base_(tag_base), transfer_(transfer), tensors_(tensors.begin(), tensors.end()),
+        requests_(global.layer_count()) {}
   group_sender(const group_sender&) = delete;
   group_sender& operator=(const group_sender&) = delete;
 
@@ -91,7 +95,7 @@ class group_sender {
   /// before the first byte leaves, then the messages and the sums on the layer's tags.
   void send(const partition_group& g, int to) {
     const int data = partition_tag(tag_base_, g.layer, false);
-    partition_sums sums{g.layer, g.source, g.clone, {}};
+    partition_sums sums{g.layer, g.source, g.clone, transfer_, {}};
     std::vector<outgoing> out;
     for (const auto& m : g.messages) out.push_back(prepare(m, sums.sums));  // all checked and packed before any send
     auto& requests = requests_.at(g.layer);
@@ -236,6 +240,7 @@ class group_sender {
   Comm& comm_;
   const layout& global_;
   int tag_base_;
+  std::uint64_t transfer_;
   std::vector<std::span<const std::byte>> tensors_;
   std::vector<std::deque<posted>> requests_;   // per layer
   std::deque<lent> lent_;                     // packed messages and sums, alive until their sends complete

@@ -26,14 +26,14 @@
 namespace deepclone::detail {
 
 /// A farewell from one clone rank to another (sealed; small, so an eager send), naming the
-/// global layout by its declaration's fingerprint, so that one left over from a transfer of
-/// another model on the same tags is not taken (one of the same model is: give each transfer
-/// its own tags). Not the plan's fingerprint: a peer that planned otherwise and was refused
-/// must still be heard.
+/// global layout by its declaration's fingerprint and the transfer (partition_route::
+/// transfer), so that one left over from an earlier transfer on the same tags is not taken.
+/// Not the plan's fingerprint: a peer that planned otherwise and was refused must still be
+/// heard.
 struct partition_farewell {
   static constexpr std::uint32_t magic = 0x50465732;  // "PFW2"
   std::uint32_t from = 0, to = 0;
-  std::uint64_t layout_id = 0;  ///< global_declaration::fingerprint() of the global layout
+  std::uint64_t layout_id = 0;  ///< global_declaration::fingerprint() of the global layout, xor the transfer
   static constexpr std::size_t size = 3 * 4 + 8 + 8;
   std::vector<std::byte> encode() const {
     writer w;
@@ -56,8 +56,10 @@ struct partition_farewell {
 template <class Comm>
 class exchange_peers {
  public:
-  exchange_peers(Comm& c, const roles& ranks, const layout& global, const partition_groups& groups, std::uint32_t clone, int tag)
-      : comm_(c), ranks_(ranks), clone_(clone), tag_(tag), layout_id_(global_declaration::of(global).fingerprint()), gone_(ranks.clone_count(), 0),
+  exchange_peers(Comm& c, const roles& ranks, const layout& global, const partition_groups& groups, std::uint32_t clone, int tag,
+                 std::uint64_t transfer)
+      : comm_(c), ranks_(ranks), clone_(clone), tag_(tag), layout_id_(global_declaration::of(global).fingerprint() ^ transfer),
+        gone_(ranks.clone_count(), 0),
         said_(gone_),
         heard_(ranks.clone_count(), clock::now()) {
     std::vector<char> peer(ranks.clone_count(), 0);

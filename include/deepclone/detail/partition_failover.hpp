@@ -60,19 +60,21 @@ namespace detail {
 /// sources failed; send me what `source` was to send me in `round`, of these layers", or
 /// (sharing) "clone rank `source` does not forward me these layers; send them yourselves".
 struct partition_notice {
-  static constexpr std::uint32_t magic = 0x504E5432;  // "PNT2"
+  static constexpr std::uint32_t magic = 0x504E5433;  // "PNT3"
   enum class kind : std::uint32_t { layer_verified = 1, failover = 2, refetch = 3 };
   kind what = kind::layer_verified;
   std::uint32_t clone = 0;
   std::uint32_t source = 0, round = 0;  ///< failover: whose transfers of which ledger round are lost; refetch: the forwarding clone rank
   std::vector<std::uint32_t> layers;    ///< verified: the one layer; failover: the layers lost
   std::vector<char> failed;             ///< failover: 1 per source failed so far
+  std::uint64_t transfer = 0;           ///< decoded: the transfer it was sent in (partition_route::transfer)
 
   /// Layers travel as a bitmap, so a notice stays small (eager) at any layer count.
-  static std::size_t max_size(std::size_t sources, std::size_t layers) { return 7 * 4 + sources + (layers + 7) / 8 + 8; }
-  std::vector<std::byte> encode(std::size_t layer_count) const {
+  static std::size_t max_size(std::size_t sources, std::size_t layers) { return 7 * 4 + 8 + sources + (layers + 7) / 8 + 8; }
+  /// Sent in transfer `in` (a source drops the notices of another transfer).
+  std::vector<std::byte> encode(std::size_t layer_count, std::uint64_t in) const {
     writer w;
-    w.u32(magic), w.u32(static_cast<std::uint32_t>(what)), w.u32(clone), w.u32(source), w.u32(round);
+    w.u32(magic), w.u64(in), w.u32(static_cast<std::uint32_t>(what)), w.u32(clone), w.u32(source), w.u32(round);
     w.u32(static_cast<std::uint32_t>(failed.size()));
     for (char f : failed) w.u8(f ? 1 : 0);
     std::vector<std::uint8_t> bits((layer_count + 7) / 8, 0);
@@ -89,6 +91,7 @@ struct partition_notice {
     reader r(unseal(b, "partition notice"), "partition notice");
     if (r.u32() != magic) r.fail("bad magic word");
     partition_notice n;
+    n.transfer = r.u64();
     const auto what = r.u32();
     if (what < 1 || what > 3) r.fail("unknown kind " + std::to_string(what));
     n.what = static_cast<kind>(what);
@@ -187,8 +190,9 @@ inline int refusal_tag(int tag_base) { return tag_base + 1; }
 /// acknowledged which layer, and computes the replacement groups it must send.
 class source_failover {
  public:
-  source_failover(const layout& global, const partition_failover& f, const partition_groups& groups, const roles& ranks, std::uint32_t source)
-      : global_(global), failover_(f), source_(source), clones_(ranks.clone_count()) {
+  source_failover(const layout& global, const partition_failover& f, const partition_groups& groups, const roles& ranks, std::uint32_t source,
+                  std::uint64_t transfer)
+      : global_(global), failover_(f), source_(source), clones_(ranks.clone_count()), transfer_(transfer) {
     check_sources(f, ranks);
     wanted_.assign(global.layer_count(), std::vector<char>(clones_, 0));
     acked_ = wanted_;
@@ -204,6 +208,7 @@ class source_failover {
   /// notice it refuses (the sender drops and counts it).
   bool take(std::uint32_t c, std::span<const std::byte> b, const std::vector<char>& released) {
     const auto n = partition_notice::decode(b, c, failover_.sources.size(), global_.layer_count(), clones_);
+    if (n.transfer != transfer_) throw error(errc::corrupt_message, "a notice of another transfer (an earlier one on the same tags)");
     if (n.what == partition_notice::kind::layer_verified) {
       acked_[n.layers.front()][c] = 1;
       return false;
@@ -254,6 +259,7 @@ class source_failover {
   const layout& global_;
   const partition_failover& failover_;
   std::uint32_t source_, clones_;
+  std::uint64_t transfer_;
   std::vector<std::vector<char>> wanted_, acked_;  // per layer, per clone rank
   std::vector<char> gone_;                        // clone ranks that named this source failed
   std::vector<std::vector<char>> failed_;          // per clone rank: the sources it named failed so far
@@ -277,9 +283,10 @@ struct replacement_groups {
 template <class Comm>
 class clone_failover {
  public:
-  clone_failover(Comm& c, const layout& global, const partition_failover& f, const roles& ranks, std::uint32_t clone, int tag_base)
+  clone_failover(Comm& c, const layout& global, const partition_failover& f, const roles& ranks, std::uint32_t clone, int tag_base,
+                 std::uint64_t transfer)
       : comm_(c), global_(global), failover_(f), clone_(clone), clones_(static_cast<std::uint32_t>(ranks.clone_count())),
-        source_ranks_(ranks.sources), tag_(control_tag(tag_base)), ledger_(f.plan, clone) {
+        source_ranks_(ranks.sources), tag_(control_tag(tag_base)), transfer_(transfer), ledger_(f.plan, clone) {
     check_sources(f, ranks);
     failed_.assign(source_ranks_.size(), 0);
     acked_.assign(global.layer_count(), 0);
@@ -315,7 +322,7 @@ class clone_failover {
     ledger_ = std::move(ledger), failed_ = std::move(now_failed);
     for (const auto& n : notices) notify(n);
     if (notices.empty())  // a failed source with nothing lost here still learns it is presumed failed
-      for (auto s : failed) farewells_.send_owned(comm_, source_ranks_[s], tag_, farewell(s).encode(global_.layer_count()));
+      for (auto s : failed) farewells_.send_owned(comm_, source_ranks_[s], tag_, farewell(s).encode(global_.layer_count(), transfer_));
     return out;
   }
   /// Sharing's fallback: asks the live sources for the forwards of clone rank `forwarder` to
@@ -350,7 +357,7 @@ class clone_failover {
   /// Sends `n` to every source: live ones through the outbox `flushed()` waits for, failed
   /// ones through another.
   void notify(const partition_notice& n) {
-    const auto bytes = n.encode(global_.layer_count());
+    const auto bytes = n.encode(global_.layer_count(), transfer_);
     for (std::uint32_t s = 0; s < source_ranks_.size(); ++s) {
       if (!failed_[s]) outbox_.send_owned(comm_, source_ranks_[s], tag_, bytes);
       else if (n.what == partition_notice::kind::failover) farewells_.send_owned(comm_, source_ranks_[s], tag_, bytes);
@@ -363,6 +370,7 @@ class clone_failover {
   std::uint32_t clone_, clones_;
   std::vector<int> source_ranks_;
   int tag_;
+  std::uint64_t transfer_;
   failover_ledger ledger_;
   std::vector<char> failed_, acked_;
   outbox<Comm> outbox_, farewells_;
