@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sanitizer builds of the tests (CI runs this after tests/run_all.sh): the unit tests and the
-# in-process fault tests and the partitioned plan and transfer with AddressSanitizer +
+# in-process fault tests and the partitioned plan, transfer and engine with AddressSanitizer +
 # UndefinedBehaviorSanitizer, the in-process tests (unit.transport, unit.clone, unit.agreement,
 # unit.failover, fault.matrix, fault.reuse, fault.campaign, partition.transfer,
-# partition.failover) with ThreadSanitizer.
+# partition.failover, partition.engine) with ThreadSanitizer.
 # unit.clone, unit.failover and fault.matrix run subsets of their cases (doctest filters), and
 # fault.campaign a few seeds (CAMPAIGN_ASAN_SEEDS, CAMPAIGN_TSAN_SEEDS; engine timeout 3 s).
 # The builds take most of the time: they use Ninja where it is installed (CMake's Makefiles
@@ -35,12 +35,13 @@ if [[ $what == asan || $what == all ]]; then
   configure "$b" "-O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
   units=(plan transport agreement errors training failover link spill)
   [[ -f /usr/include/xxhash.h ]] && units+=(xxhash)
-  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.reuse fault.campaign partition.plan partition.transfer partition.failover "${units[@]/#/unit.}"
+  run cmake --build "$b" -j"$jobs" --target unit.clone fault.matrix fault.input fault.reuse fault.campaign partition.plan partition.transfer partition.failover partition.engine "${units[@]/#/unit.}"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   for t in "${units[@]}"; do run "$b/tests/unit/unit.$t"; done
   run "$b/tests/partition/partition.plan"
   run "$b/tests/partition/partition.transfer"
   run "$b/tests/partition/partition.failover"
+  run "$b/tests/partition/partition.engine"
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/fault/fault.matrix" -tc='*control*,*corrupt*,*silenced coordinator*'
   run "$b/tests/fault/fault.input" -tce='*64 MiB*'
@@ -50,11 +51,12 @@ fi
 if [[ $what == tsan || $what == all ]]; then
   b=$root/build-tsan
   configure "$b" "-O1 -fsanitize=thread -fno-omit-frame-pointer"
-  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.agreement unit.failover fault.matrix fault.reuse fault.campaign partition.transfer partition.failover
+  run cmake --build "$b" -j"$jobs" --target unit.transport unit.clone unit.agreement unit.failover fault.matrix fault.reuse fault.campaign partition.transfer partition.failover partition.engine
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   run "$b/tests/unit/unit.transport"
   run "$b/tests/partition/partition.transfer"
   run "$b/tests/partition/partition.failover"
+  run "$b/tests/partition/partition.engine"
   run "$b/tests/unit/unit.agreement"
   run "$b/tests/unit/unit.clone" "$clone_filter"
   run "$b/tests/unit/unit.failover" -tc='*corrupted piece*,*verify_replicas: every*,*digest never*'
