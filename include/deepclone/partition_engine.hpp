@@ -418,7 +418,10 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
     m.source_index = index_;
     m.code = static_cast<std::uint32_t>(code);
     m.reason = why;
-    for (int c : job_.ranks().clones) trailing_.send_owned(comm_, c, s_.tag_base + detail::tag_status, m.encode());
+    try {
+      for (int c : job_.ranks().clones) trailing_.send_owned(comm_, c, s_.tag_base + detail::tag_status, m.encode());
+    } catch (...) {  // the transport failed: the clone ranks time out instead; the fork ends regardless
+    }
     if (session_->sender) session_->sender->cancel();
     fork_failed(failure{code, why});
     end_session();

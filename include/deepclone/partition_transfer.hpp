@@ -149,7 +149,8 @@ class partition_sender {
   /// dropped and counted (refused_notices()), a hello that does not match is answered with
   /// a refusal and that clone rank is served nothing.
   void progress() {
-    inbox_->poll([&](std::uint32_t c) { release_held(c); }, [&](std::uint32_t c, std::span<const std::byte> b) { take_notice(c, b); });
+    inbox_->poll([&](std::uint32_t c) { release_held(c); }, [&](std::uint32_t c, std::span<const std::byte> b) { take_notice(c, b); },
+                 [&](std::span<const std::byte> b) { return detail::notice_of_another_transfer(b, route_.transfer); });
     if (failover_)
       for (const auto& g : failover_->take_ready(sent_)) send_group(g);
   }
@@ -482,7 +483,7 @@ class partition_receiver {
   /// Verifies group `in`, whose messages and `sums_bytes` of sums arrived, then unpacks it.
   bool accept(incoming& in, std::size_t sums_bytes) {
     const auto& g = *in.group;
-    const auto sums = detail::partition_sums::decode_for(std::span<const std::byte>(in.sums).first(sums_bytes), g);
+    const auto sums = detail::partition_sums::decode_for(std::span<const std::byte>(in.sums).first(sums_bytes), g, route_.transfer);
     if (sums.transfer != route_.transfer) {  // an earlier transfer's, left queued: this one's follows
       ++stale_groups_;
       post_receives(in);
@@ -526,7 +527,10 @@ class partition_receiver {
     if (g.forwarded && peers_) peers_->heard(g.source);
     if (!g.forwarded) {
       quiet_since_[g.source] = detail::clock::now();
-      if (!any_delivered_ && peers_) peers_->restart_clocks();  // no forwarder could forward before the sources delivered
+      if (!any_delivered_) {  // silence counts from the first delivery: before it, all quiet may only mean not at k yet
+        std::fill(quiet_since_.begin(), quiet_since_.end(), detail::clock::now());
+        if (peers_) peers_->restart_clocks();  // no forwarder could forward before the sources delivered
+      }
       any_delivered_ = true;
     }
     if (in.gates_forwards) --from_sources_[g.layer];

@@ -351,7 +351,12 @@ TEST_CASE("partition engine: a fork given up leaves bytes queued; the next fork 
   const std::vector<std::span<std::byte>> parts{own[0], own[1]};
   auto impatient = set;
   impatient.timeout = 250ms;
-  CHECK_THROWS_AS(coordinator_engine::clone(c, job, parts, impatient).wait(), dc::error);
+  try {
+    coordinator_engine::clone(c, job, parts, impatient).wait();
+    FAIL("the impatient clone rank completed");
+  } catch (const dc::error& e) {  // on a loaded machine the decision itself may come too late: then nothing is left queued
+    WARN_MESSAGE(std::string(e.what()).find("did not arrive") != std::string::npos, "not exercised: " << e.what());
+  }
   std::this_thread::sleep_for(600ms);
   slow = false;
   std::uint64_t k = 0;
@@ -365,18 +370,18 @@ TEST_CASE("partition engine: a fork given up leaves bytes queued; the next fork 
 namespace {
 
 /// Two replicated layers of 16 KiB on `n` sources and one clone rank, failover presuming a
-/// silent source after 200 ms.
+/// silent source after `presume` (longer than a source's slowest layer).
 struct small_job {
   dc::layout lay;
   std::vector<dc::holdings> src, dst;
   std::unique_ptr<dc::partition_job> job;
-  explicit small_job(std::uint32_t n, const std::vector<dc::holdings>* clones = nullptr) {
+  explicit small_job(std::uint32_t n, const std::vector<dc::holdings>* clones = nullptr, std::chrono::milliseconds presume = 200ms) {
     lay.add_layer({"a", {tensor("w", {4096})}});
     lay.add_layer({"b", {tensor("w", {4096})}});
     src.assign(n, dc::holdings::replicated(lay));
     dst = clones ? *clones : std::vector<dc::holdings>(1, dc::holdings::replicated(lay));
     job = std::make_unique<dc::partition_job>(dc::roles::contiguous(int(n), 1), lay, src, dst,
-                                              dc::partition_job_options{.presume_failed_after = 200ms});
+                                              dc::partition_job_options{.presume_failed_after = presume});
   }
 };
 
@@ -451,4 +456,51 @@ TEST_CASE("partition engine: a follower that learns of a fork after its clone ra
   for (auto& t : sources) t.join();
   CHECK(worst[0] < 1.0);
   CHECK(worst[1] < 1.0);
+}
+
+TEST_CASE("partition engine: a notice a fork left at a source that gave up is not taken for the next fork's hello") {
+  // Source 1 gives up on the first fork (its timeout is short, source 0's iterations slow);
+  // the clone rank fails it over and tells it so, on a control tag nothing receives any more.
+  // The next fork on the same tag block (tag_epochs = 1): source 1 drops that notice instead of
+  // judging it as the clone rank's hello (before: refused, corrupt_message, fork failed).
+  small_job j(2, nullptr, 5000ms);
+  dc::inproc::world w(3);
+  std::atomic<bool> stop{false}, slow{true};
+  std::atomic<std::uint64_t> at0{0};
+  const auto body = [&](int i) {
+    coordinator_engine::settings set;
+    set.fork_lead = 3, set.tag_epochs = 1, set.timeout = i == 1 ? 150ms : 5s;
+    auto c = w.comm(i);
+    std::vector<std::vector<std::byte>> mem(2, std::vector<std::byte>(16384));
+    const std::vector<std::span<const std::byte>> parts{mem[0], mem[1]};
+    coordinator_engine::source s(c, *j.job, parts, set);
+    for (std::uint64_t it = 0; !stop; ++it) {
+      if (i == 0) at0 = it;
+      while (i == 1 && it > at0 + 1 && !stop) std::this_thread::sleep_for(1ms);  // source 1 keeps pace with source 0
+      for (std::size_t l = 2; l-- > 0;) {
+        s.before_update(l);
+        std::this_thread::sleep_for(i == 0 && slow ? 400ms : 5ms);
+        std::fill(mem[l].begin(), mem[l].end(), std::byte(it));
+        s.after_update(l);
+      }
+      s.end_iteration(it);
+    }
+  };
+  std::thread t0(body, 0), t1(body, 1);
+  auto c = w.comm(2);
+  std::vector<std::vector<std::byte>> own(2, std::vector<std::byte>(16384, std::byte{0xEE}));
+  const std::vector<std::span<std::byte>> parts{own[0], own[1]};
+  coordinator_engine::settings set;
+  set.tag_epochs = 1, set.timeout = 20s;
+  coordinator_engine::clone d(c, *j.job, parts, set);
+  for (int fork = 0; fork < 2; ++fork) {
+    CAPTURE(fork);
+    std::uint64_t k = 0;
+    CHECK_NOTHROW(k = d.wait());
+    for (const auto& t : own) CHECK(std::all_of(t.begin(), t.end(), [&](std::byte b) { return b == std::byte(k); }));
+    slow = false;
+    std::this_thread::sleep_for(300ms);
+  }
+  stop = true;
+  t0.join(), t1.join();
 }

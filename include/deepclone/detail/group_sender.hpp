@@ -60,13 +60,15 @@ struct partition_sums {
     return seal(w);
   }
   /// Refuses (errc::corrupt_message) anything but the sums of `g`: another group, another
-  /// message count, a broken seal.
-  static partition_sums decode_for(std::span<const std::byte> b, const partition_group& g) {
+  /// message count, a broken seal. Sums of a transfer other than `transfer` are returned
+  /// as they are (with no sums), whatever their group's shape: the caller drops them.
+  static partition_sums decode_for(std::span<const std::byte> b, const partition_group& g, std::uint64_t transfer) {
     reader r(unseal(b, "partition checksums"), "partition checksums");
     if (r.u32() != magic) r.fail("bad magic word");
     partition_sums m;
     m.layer = r.u32(), m.source = r.u32(), m.clone = r.u32(), m.transfer = r.u64();
     if (m.layer != g.layer || m.source != g.source || m.clone != g.clone) r.fail("the sums of another group");
+    if (m.transfer != transfer) return m;  // another transfer's: the caller drops it, whatever its shape
     const auto n = sum_count(g);
     if (r.u32() != n) r.fail("a checksum count other than the group's " + std::to_string(n));
     for (std::size_t i = 0; i < n; ++i) m.sums.push_back(r.u64());

@@ -117,6 +117,17 @@ struct partition_notice {
   }
 };
 
+/// Whether `b` is a sealed partition_notice of another transfer than `transfer` (an earlier
+/// transfer on the same tags left it queued). Never throws.
+inline bool notice_of_another_transfer(std::span<const std::byte> b, std::uint64_t transfer) noexcept {
+  try {
+    reader r(unseal(b, "partition notice"), "partition notice");
+    return r.u32() == partition_notice::magic && r.u64() != transfer;
+  } catch (...) {
+    return false;
+  }
+}
+
 /// The plan's transfers to one clone rank as the failovers so far changed them, by *round*:
 /// round 0 is the plan's, round r the replacements the r-th notice brought. Every rank
 /// applies that clone rank's notices in the same order, so all hold the same ledger, and a

@@ -177,15 +177,18 @@ class source_inbox {
   ~source_inbox() { cancel(); }
 
   /// Takes the messages that arrived: `judged(c)` once clone rank c's hello was judged (see
-  /// admitted()), `notice(c, bytes)` for each later message of an admitted clone rank.
-  template <class Judged, class Notice>
-  void poll(Judged judged, Notice notice) {
+  /// admitted()), `notice(c, bytes)` for each later message of an admitted clone rank. Before
+  /// its hello, a message `leftover(bytes)` names (one an earlier transfer on the same tags
+  /// left queued, such as a notice to a source that had given up) is dropped, not judged.
+  template <class Judged, class Notice, class Leftover>
+  void poll(Judged judged, Notice notice, Leftover leftover) {
     for (std::uint32_t c = 0; c < slots_.size(); ++c)
       for (int taken = 0; taken < max_per_poll; ++taken) {
         auto b = slots_[c].test(comm_);
         if (!b) break;
         const std::vector<std::byte> message(b->begin(), b->end());
         slots_[c].repost(comm_);  // first: whatever the callbacks throw, the next message is awaited
+        if (state_[c] == state::waiting && leftover(std::span<const std::byte>(message))) continue;
         if (state_[c] == state::waiting) admit(c, message), judged(c);
         else if (state_[c] == state::admitted) notice(c, message);
       }
