@@ -70,12 +70,10 @@ struct partition_tags {
   int transfer(std::uint32_t epoch) const { return static_cast<int>(base + tag_epochs + epoch * block); }
 };
 
-/// This rank's index in `ranks` (a role's list), or `invalid_argument` naming the role.
-template <class Comm>
-std::uint32_t index_in(const Comm& c, const std::vector<int>& ranks, const char* role) {
-  const auto at = std::find(ranks.begin(), ranks.end(), c.rank());
-  if (at == ranks.end()) throw error(errc::invalid_argument, "rank " + std::to_string(c.rank()) + " is not a " + role + " in the job's roles");
-  return static_cast<std::uint32_t>(at - ranks.begin());
+/// `index` (roles::source_index or clone_index of this rank), or `invalid_argument` naming the role.
+inline std::uint32_t index_in(std::optional<std::uint32_t> index, int rank, const char* role) {
+  if (!index) throw error(errc::invalid_argument, "rank " + std::to_string(rank) + " is not a " + role + " in the job's roles");
+  return *index;
 }
 
 /// Refuses (invalid_argument, naming the tensor) parts that do not fit `h`, before any fork.
@@ -152,7 +150,7 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   /// `invalid_argument` when this rank is not a source of `job`, for parts that do not fit
   /// its holdings, and for agreement::coordinator with a fork_lead of 0.
   source(Comm& comm, const partition_job& job, std::span<const std::span<const std::byte>> parts, settings s = {})
-      : comm_(comm), job_(job), index_(detail::index_in(comm, job.ranks().sources, "source")), parts_(parts.begin(), parts.end()),
+      : comm_(comm), job_(job), index_(detail::index_in(job.ranks().source_index(comm.rank()), comm.rank(), "source")), parts_(parts.begin(), parts.end()),
         s_(std::move(s)), tags_(detail::partition_tags::fit(comm, s_.tag_base, job, s_.tag_epochs)), key_(key(job)),
         updated_(job.global().layer_count(), 0) {
     job.ranks().validate(comm.size());
@@ -460,7 +458,7 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
   /// `invalid_argument` when this rank is not a clone rank of `job`, or for parts that do
   /// not fit its holdings.
   clone(Comm& comm, const partition_job& job, std::span<const std::span<std::byte>> parts, settings s = {})
-      : comm_(comm), job_(job), index_(detail::index_in(comm, job.ranks().clones, "clone rank")), parts_(parts.begin(), parts.end()),
+      : comm_(comm), job_(job), index_(detail::index_in(job.ranks().clone_index(comm.rank()), comm.rank(), "clone rank")), parts_(parts.begin(), parts.end()),
         s_(std::move(s)), tags_(detail::partition_tags::fit(comm, s_.tag_base, job, s_.tag_epochs)),
         request_(comm_, job.ranks(), trailing_, s_.tag_base, index_) {
     job.ranks().validate(comm.size());
