@@ -30,7 +30,8 @@
 /// Matching mirrors the rule every adapter keeps (communicator.hpp): per (sender, receiver,
 /// tag), the n-th receive matches the n-th send. Wildcard receives are not supported (the
 /// engine never uses them). A bandwidth of 0 and a latency of 0 make the decorator a plain
-/// pass-through (the "raw" runs of a benchmark use the same type).
+/// pass-through (the "raw" runs of a benchmark use the same type). Where the inner
+/// communicator gathers and scatters (`gathering_communicator`), so does the decorator.
 ///
 /// Standard library only.
 
@@ -387,6 +388,26 @@ class emulated_link {
     }
   }
 
+  // --- gathering_communicator, where the inner one is: the ranges travel as one message of
+  // their total size, paced as such (the partitioned transfer's gathered messages keep
+  // their zero-copy path under emulation) ---
+  request_type isend_gather(int dest, int tag, std::span<const std::span<const std::byte>> out)
+    requires gathering_communicator<Comm>
+  {
+    request_type r;
+    if (!fabric_->unlimited()) r.slot = fabric_->post(true, rank(), dest, tag, total_bytes(out), Clock::now());
+    r.inner = inner_.isend_gather(dest, tag, out);
+    return r;
+  }
+  request_type irecv_scatter(int source, int tag, std::span<const std::span<std::byte>> in)
+    requires gathering_communicator<Comm>
+  {
+    request_type r;
+    if (!fabric_->unlimited()) r.slot = fabric_->post(false, source, rank(), tag, total_bytes(in), Clock::now());
+    r.inner = inner_.irecv_scatter(source, tag, in);
+    return r;
+  }
+
   // --- waitable_communicator, where the inner one is ---
   std::uint64_t activity()
     requires waitable_communicator<Comm>
@@ -407,6 +428,13 @@ class emulated_link {
   }
 
  private:
+  template <class Range>
+  static std::size_t total_bytes(std::span<const Range> ranges) {
+    std::size_t n = 0;
+    for (const auto& r : ranges) n += r.size();
+    return n;
+  }
+
   Comm inner_;
   std::shared_ptr<fabric_type> fabric_;
 };

@@ -7,6 +7,7 @@
 // tags beyond the communicator's bound are refused before anything is posted.
 #include <doctest/doctest.h>
 
+#include <deepclone/emulated_link.hpp>
 #include <deepclone/fault_injection.hpp>
 #include <deepclone/inproc.hpp>
 #include <deepclone/partition_transfer.hpp>
@@ -221,6 +222,30 @@ TEST_CASE("partition transfer: gathered messages (one checksum per run) arrive b
           CHECK_MESSAGE(holds_pattern(s, c, r.dst[c], t), "clone rank " << c << ", tensor " << t);
       }
     }
+  }
+}
+
+TEST_CASE("partition transfer: gathered messages keep their path through emulated_link, paced by their total size") {
+  const auto s = tp2_dp2();
+  const auto ranks = static_cast<int>(s.src.size() + s.dst.size());
+  constexpr double bandwidth = 50e6;  // bytes/s: each clone rank's link takes milliseconds
+  dc::inproc::world w(ranks);
+  auto used = std::make_shared<std::atomic<int>>(0);
+  auto fabric = std::make_shared<dc::link_fabric<>>(ranks, dc::link_config{bandwidth, 0us});
+  using link = dc::emulated_link<gathering_inproc>;
+  std::vector<std::unique_ptr<link>> comms;
+  std::vector<link*> ptrs;
+  for (int r = 0; r < ranks; ++r) ptrs.push_back(comms.emplace_back(std::make_unique<link>(gathering_inproc(w.comm(r), used), fabric)).get());
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = transfer(s, gather_small, ptrs);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(used->load() > 0);  // the decorator offered the capability and the transfer took it
+  std::uint64_t wanted = 0;
+  for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) wanted += own_tensors(s.lay, s.dst[0], false)[t].size();
+  CHECK(took >= static_cast<double>(wanted) / bandwidth);  // clone rank 0's link carried at least its bytes
+  for (std::size_t c = 0; c < s.dst.size(); ++c) {
+    CHECK_FALSE(r.clone_errors[c]);
+    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK_MESSAGE(holds_pattern(s, c, r.dst[c], t), "clone rank " << c << ", tensor " << t);
   }
 }
 
