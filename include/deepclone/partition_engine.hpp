@@ -35,6 +35,7 @@
 #include "communicator.hpp"
 #include "detail/clone_request.hpp"
 #include "detail/outbox.hpp"
+#include "detail/partition_handshake.hpp"
 #include "detail/source_agreement.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
@@ -157,6 +158,7 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
     detail::check_parts(job.global(), job.sources()[index_], parts_, "source " + std::to_string(index_));
     if (!Agreement::trainer_collective && s_.fork_lead == 0)
       throw error(errc::invalid_argument, "settings.fork_lead is 0: the other sources must learn the decision before iteration k starts");
+    hellos_.emplace(comm_, job.ranks().clones, s_.tag_base + detail::tag_hello, detail::handshake_terms::of(job.global(), job.groups()));
     agreement_.emplace(comm_, job.ranks(), index_, job.global(), key_,
                        detail::source_agreement_params{Agreement::name, Agreement::trainer_collective, s_.fork_lead, s_.tag_base,
                                                        tags_.epochs, s_.failover_after},
@@ -184,14 +186,18 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
                                         "' was updated in this iteration already (one update per layer and iteration)");
     if (session_ && session_->sent[l]) hold_until_sent(l);
     touched_ = true, updating_ = l;
+    order_.push_back(static_cast<std::uint32_t>(l));
   }
-  /// Right after layer `l` was updated: in the fork iteration the layer leaves now.
+  /// Right after layer `l` was updated: in the fork iteration the layer leaves now. While a
+  /// fork is in flight it also moves the fork's messages; otherwise it calls no transport
+  /// (the hooks of an iteration without a fork cost a trainer next to nothing).
   void after_update(std::size_t l) {
     check_layer(l, "after_update");
     if (updating_ != l)
       throw error(errc::hook_order, "after_update(" + std::to_string(l) + ") without before_update(" + std::to_string(l) + ") first");
     updated_[l] = 1, updating_.reset();
-    if (session_ && current() == session_->d.iteration) send(l);
+    if (!session_) return;  // nothing in flight: what comes (requests, cancels, hellos) waits for end_iteration
+    if (current() == session_->d.iteration) send(l);
     progress();
   }
   /// At the end of every iteration, steps increasing by one. A layer the fork iteration did
@@ -204,6 +210,7 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
     const bool fork_iteration = session_ && step == session_->d.iteration;
     last_ = step, touched_ = false;
     std::fill(updated_.begin(), updated_.end(), 0);
+    last_order_.swap(order_), order_.clear();
     for (std::size_t l = 0; fork_iteration && l < updated_.size() && session_; ++l) send(l);
     progress();
     if constexpr (!Agreement::trainer_collective)
@@ -246,6 +253,7 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
         } catch (...) {  // the transport failed: the receives below are withdrawn regardless
         }
         for (auto& c : s.cancels_) c.cancel(s.comm_);
+        s.hellos_->cancel();
         s.trailing_.wait_all(s.comm_, std::min<std::chrono::nanoseconds>(s.s_.timeout, std::chrono::seconds(1)));
         s.trailing_.clear(s.comm_);
       }
@@ -306,12 +314,22 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
     if (!last_ || d.iteration < *last_ || (d.iteration == *last_ && touched_))
       return fail_session(errc::fork_agreement, "source " + std::to_string(index_) + " received the decision to fork at iteration " +
                                                     std::to_string(d.iteration) + " when its layers were no longer untouched");
-    if (!guarded([&] { session_->sender = std::make_unique<sender_type>(comm_, job_.route(tags_.transfer(d.epoch), d.session), index_, parts_); }))
+    if (!guarded([&] {
+          session_->sender = std::make_unique<sender_type>(comm_, job_.route(tags_.transfer(d.epoch), d.session), index_, parts_);
+          for (auto c : hellos_->admitted_for(d.nonce)) session_->sender->admit_in_advance(c);  // no wait for their hellos
+        }))
       return;
     if (std::find(early_cancels_.begin(), early_cancels_.end(), d.session) != early_cancels_.end())
       return fail_session(errc::cancelled, "a clone rank gave up on the fork before this source joined it");
-    for (std::size_t l = 0; l < updated_.size() && session_; ++l)
-      if (d.iteration == *last_ || (d.iteration == *last_ + 1 && updated_[l])) send(l);
+    // In the order the trainer updates them (the last iteration's): each layer leaves before
+    // the ones the trainer will wait for after it (the window rule), on links that serve
+    // sends in the order posted.
+    if (d.iteration == *last_ + 1)
+      for (std::size_t i = 0; i < order_.size() && session_; ++i)
+        if (updated_[order_[i]]) send(order_[i]);  // those updated so far in k
+    if (d.iteration != *last_) return;
+    for (std::size_t i = 0; i < last_order_.size() && session_; ++i) send(last_order_[i]);
+    for (std::size_t l = 0; l < updated_.size() && session_; ++l) send(l);  // the layers it did not update
   }
 
   /// Hands layer `l` of k to the sender (once).
@@ -341,6 +359,7 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
     trailing_.poll(comm_);
     trailing_.compact();
     take_cancels();
+    hellos_->poll();
     if (!session_ || session_->unsent > 0) {
       if (session_) guarded([&] { session_->sender->progress(); });
       return;
@@ -437,12 +456,14 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   detail::partition_tags tags_;
   plan_key key_;
   std::vector<char> updated_;  ///< per layer: updated in the iteration in progress
+  std::vector<std::uint32_t> order_, last_order_;  ///< the layers in the order updated: in the iteration in progress, in the last
   bool touched_ = false;       ///< a layer's update began in the iteration in progress
   std::optional<std::size_t> updating_;  ///< the layer between its before_update and after_update
   std::optional<std::uint64_t> last_;
   detail::outbox<Comm> trailing_;
   std::vector<detail::inbox_slot<Comm>> cancels_;  ///< one per clone rank
   std::vector<std::uint64_t> early_cancels_;        ///< remember_cancel
+  std::optional<detail::request_hellos<Comm>> hellos_;  ///< each clone rank's latest request hello
   std::optional<detail::source_agreement<Comm>> agreement_;
   std::optional<session> session_;
   std::uint64_t word_ = 0, completed_ = 0, failed_ = 0;
@@ -460,7 +481,7 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
   clone(Comm& comm, const partition_job& job, std::span<const std::span<std::byte>> parts, settings s = {})
       : comm_(comm), job_(job), index_(detail::index_in(job.ranks().clone_index(comm.rank()), comm.rank(), "clone rank")), parts_(parts.begin(), parts.end()),
         s_(std::move(s)), tags_(detail::partition_tags::fit(comm, s_.tag_base, job, s_.tag_epochs)),
-        request_(comm_, job.ranks(), trailing_, s_.tag_base, index_) {
+        terms_(detail::handshake_terms::of(job.global(), job.groups())), request_(comm_, job.ranks(), trailing_, s_.tag_base, index_) {
     job.ranks().validate(comm.size());
     detail::check_parts(job.global(), job.clones()[index_], parts_, who());
   }
@@ -477,7 +498,14 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
   /// Asks the coordinator for a fork (once per wait()).
   void request() {
     if (requested_) return;
-    request_.send(job_.global().fingerprint(), key(job_), 0);
+    trailing_.poll(comm_);
+    trailing_.compact();
+    // Its hello to every source first, naming the request: they send at once when the fork
+    // is decided, without waiting for its hello on the fork's tags.
+    request_.send(job_.global().fingerprint(), key(job_), 0, [&](std::uint64_t nonce) {
+      const auto hello = detail::request_hello{nonce, {index_, terms_.plan, terms_.declaration_fingerprint}}.encode();
+      for (int rank : job_.ranks().sources) trailing_.send_owned(comm_, rank, s_.tag_base + detail::tag_hello, hello);
+    });
     requested_ = true;
   }
   /// Requests (if not done yet), waits for the decision and receives every part this rank
@@ -603,6 +631,7 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
   std::vector<std::span<std::byte>> parts_;
   settings s_;
   detail::partition_tags tags_;
+  detail::handshake_terms terms_;  ///< what its hellos prove
   detail::outbox<Comm> trailing_;
   detail::clone_request<Comm> request_;
   bool requested_ = false;

@@ -154,6 +154,10 @@ class partition_sender {
     if (failover_)
       for (const auto& g : failover_->take_ready(sent_)) send_group(g);
   }
+  /// Clone rank `c`'s plan is known to match this source's (partition_engine: its request
+  /// hello did): its groups leave from now on without waiting for its hello, which is still
+  /// judged when it comes. Call before send_layer.
+  void admit_in_advance(std::uint32_t c) { inbox_->presume(c); }
   /// Clone ranks' notices dropped (undecodable, or asking what this source cannot serve),
   /// and why the last one was.
   std::size_t refused_notices() const noexcept { return refused_notices_; }
@@ -213,7 +217,10 @@ class partition_sender {
   /// (refused: with failover, its acknowledgements are no longer awaited either). A group
   /// whose send throws stays held, with the ones after it.
   void release_held(std::uint32_t c) {
-    if (failover_ && inbox_->refused(c)) failover_->forget(c);
+    if (inbox_->refused(c)) {  // also sends already posted to it, had it been admitted in advance
+      out_.withdraw([c](std::uint32_t to) { return to == c; });
+      if (failover_) failover_->forget(c);
+    }
     std::vector<const partition_group*> mine;
     std::erase_if(held_, [&](const partition_group* g) { return g->clone == c && (mine.push_back(g), true); });
     for (std::size_t i = 0; i < mine.size() && inbox_->admitted(c); ++i) {
@@ -236,11 +243,12 @@ class partition_sender {
     }
   }
   /// Whether layer `l` may be overwritten (layer_sent, without taking notices first); a
-  /// send to a clone rank that named this source failed was withdrawn and no longer counts.
+  /// send to a clone rank that named this source failed, or that was refused, was withdrawn
+  /// and no longer counts.
   bool layer_complete(std::uint32_t l) {
     for (const auto* g : held_)
       if (g->layer == l) return false;
-    if (!out_.layer_done(l, [&](std::uint32_t c) { return failover_ && failover_->gone(c); })) return false;
+    if (!out_.layer_done(l, [&](std::uint32_t c) { return (failover_ && failover_->gone(c)) || inbox_->refused(c); })) return false;
     if (failover_ && !failover_->acknowledged(l)) return false;
     released_[l] = 1;
     return true;

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,6 +134,124 @@ TEST_CASE("partition engine: the trainer's collective agrees on k; every clone b
       CAPTURE(int(sharing));
       check_exact(run<collective_engine>(sc.s, {.sharing = sharing, .forks = 2}), 2);
     }
+}
+
+TEST_CASE("partition engine: the layers of k leave at the decision; the clone ranks need no later hook of the sources") {
+  // A trainer calls no hook while it computes. Each clone rank's hello came with its request,
+  // so every source sends at fork_agreed and then idles (no hook) until the clone ranks are
+  // done. Before: each source waited for the hellos on the fork's tags, which it took only at
+  // its next hook, so a clone rank was ready one compute phase after the decision.
+  const auto s = tp2_dp2();
+  const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
+  const auto r = dc::roles::contiguous(int(n), int(m));
+  const dc::partition_job job(r, s.lay, s.src, s.dst);
+  dc::inproc::world w(int(n + m));
+  std::atomic<int> done{0};
+  std::vector<int> idle_ok(n, 0);
+  std::vector<std::string> errors(n + m);
+  std::vector<std::thread> ranks;
+  for (std::uint32_t i = 0; i < n; ++i)
+    ranks.emplace_back([&, i] {
+      try {
+        auto c = w.comm(int(i));
+        trainer me(s, i);
+        collective_engine::source src(c, job, me.parts());
+        for (std::uint64_t it = 0;; ++it) {
+          for (std::size_t l = s.lay.layer_count(); l-- > 0;)
+            if (me.holds(l)) src.before_update(l), me.update(l, it), src.after_update(l);
+          src.end_iteration(it);
+          const auto [sum, stop] = trainer_allreduce(c, r, src.fork_word(), std::uint64_t(done.load() == int(m)));
+          const bool was = src.serving();
+          src.fork_agreed(sum);
+          if (!was && src.serving()) {  // compute: no hook until the clone ranks are done, or 3 s
+            const auto until = std::chrono::steady_clock::now() + 3s;
+            while (done.load() < int(m) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+            idle_ok[i] = done.load() == int(m);
+          }
+          if (stop) break;
+        }
+        src.finish();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (std::uint32_t j = 0; j < m; ++j)
+    ranks.emplace_back([&, j] {
+      try {
+        auto c = w.comm(int(n + j));
+        auto own = own_tensors(s.lay, s.dst[j], false);
+        auto parts = spans<std::byte>(own);
+        const auto k = collective_engine::clone(c, job, parts).wait();
+        if (!exact(s, j, own, k)) errors[n + j] = "clone rank " + std::to_string(j) + " is not the sources' state of k";
+      } catch (const std::exception& e) {
+        errors[n + j] = e.what();
+      }
+      ++done;
+    });
+  for (auto& t : ranks) t.join();
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  for (std::uint32_t i = 0; i < n; ++i) CHECK_MESSAGE(idle_ok[i], "source " << i << " idled while clone ranks still waited");
+}
+
+namespace {
+/// The in-process transport, recording the tag of every send (per rank: one thread each).
+struct recording {
+  using request_type = dc::inproc::communicator::request_type;
+  dc::inproc::communicator inner;
+  std::vector<int>* tags;
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  request_type isend(int to, int tag, std::span<const std::byte> b) { return tags->push_back(tag), inner.isend(to, tag, b); }
+  request_type irecv(int from, int tag, std::span<std::byte> b) { return inner.irecv(from, tag, b); }
+  std::optional<std::size_t> test(request_type& r) { return inner.test(r); }
+  std::size_t wait(request_type& r) { return inner.wait(r); }
+  void cancel(request_type& r) { inner.cancel(r); }
+};
+}  // namespace
+
+TEST_CASE("partition engine: the layers of k leave in the order the trainer updates them") {
+  // The trainer updates the last layer first, so that layer must be the first to leave: its
+  // before_update in k + 1 waits for it (the window rule), on a link that serves sends in
+  // the order posted. Before: layers left in index order, the trainer's first layer last.
+  using engine = dc::partition_engine<recording>;
+  const auto s = zero1();
+  const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
+  const auto r = dc::roles::contiguous(int(n), int(m));
+  const dc::partition_job job(r, s.lay, s.src, s.dst);
+  dc::inproc::world w(int(n + m));
+  std::vector<std::vector<int>> tags(n + m);
+  std::atomic<int> done{0};
+  std::vector<std::thread> ranks;
+  for (std::uint32_t i = 0; i < n; ++i)
+    ranks.emplace_back([&, i] {
+      recording c{w.comm(int(i)), &tags[i]};
+      trainer me(s, i);
+      engine::source src(c, job, me.parts());
+      train<engine>(c, s, r, src, me, [&] { return done.load() == int(m); }, collective_at::boundary);
+      src.finish();
+    });
+  for (std::uint32_t j = 0; j < m; ++j)
+    ranks.emplace_back([&, j] {
+      recording c{w.comm(int(n + j)), &tags[n + j]};
+      auto own = own_tensors(s.lay, s.dst[j], false);
+      auto parts = spans<std::byte>(own);
+      CHECK_NOTHROW(engine::clone(c, job, parts).wait());
+      ++done;
+    });
+  for (auto& t : ranks) t.join();
+  // The fork's data tags (tag block 0): settings.tag_base + 16, then control, refusal, and
+  // per layer data and sums.
+  const int data0 = engine::settings{}.tag_base + 16 + 2;
+  const auto layers = static_cast<int>(s.lay.layer_count());
+  for (std::uint32_t i = 0; i < n; ++i) {
+    std::vector<int> order;  // the layers of source i's data sends, in the order first sent
+    for (int tag : tags[i])
+      if (tag >= data0 && tag < data0 + 2 * layers && (tag - data0) % 2 == 0)
+        if (std::find(order.begin(), order.end(), (tag - data0) / 2) == order.end()) order.push_back((tag - data0) / 2);
+    CAPTURE(i);
+    REQUIRE(order.size() >= 2);
+    CHECK(std::is_sorted(order.rbegin(), order.rend()));  // last layer first
+  }
 }
 
 TEST_CASE("partition engine: a collective after the first update forks at the iteration in progress") {

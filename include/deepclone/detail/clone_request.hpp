@@ -40,8 +40,16 @@ class clone_request {
 
   /// Sends a new request (fresh nonce) and posts the receive of its answer.
   void send(std::uint64_t layout_fingerprint, const plan_key& key, std::uint32_t flags) {
+    send(layout_fingerprint, key, flags, [](std::uint64_t) {});
+  }
+  /// As send(), first handing the new request's nonce to `announce` (partition_engine sends
+  /// its request hellos there: ahead of the request, so that they are at the sources before
+  /// any decision the request leads to, wherever the transport keeps a sender's order).
+  template <class Announce>
+  void send(std::uint64_t layout_fingerprint, const plan_key& key, std::uint32_t flags, Announce announce) {
     cancel();
     nonce_ = nonces_();
+    announce(nonce_);
     request_msg m{index_, nonce_, layout_fingerprint, key, flags};
     ctl_.send_owned(comm_, coordinator(), tag_base_ + tag_request, m.encode());
     decision_.post(comm_, coordinator(), tag_base_ + tag_decision, control_bytes);

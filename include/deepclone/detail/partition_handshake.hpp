@@ -9,6 +9,12 @@
 /// declaration, from which the clone rank names the first differing tensor; errc::
 /// plan_mismatch for other holdings or group options; errc::corrupt_message for a hello it
 /// cannot read), serves that clone rank nothing, and trains on.
+///
+/// partition_engine's clone ranks also send a *request hello* with their fork request,
+/// naming that request (`request_hellos`): a source that holds, when the fork is decided,
+/// the request hello of every request the fork answers sends at once to the clone ranks whose
+/// plan matched, before their hello on the fork's tags comes (a round trip later, taken only
+/// at the source's next hook). That hello is still judged when it comes.
 
 #include <algorithm>
 #include <cstdint>
@@ -16,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../communicator.hpp"
@@ -25,6 +32,7 @@
 #include "../roles.hpp"
 #include "bytes.hpp"
 #include "outbox.hpp"
+#include "wire.hpp"
 
 namespace deepclone::detail {
 
@@ -155,6 +163,86 @@ inline std::optional<partition_refusal> judge_hello(std::span<const std::byte> b
   return std::nullopt;
 }
 
+/// A clone rank's hello sent with its fork request, naming the request (request_msg::nonce).
+struct request_hello {
+  static constexpr std::uint32_t magic = 0x50524831;  // "PRH1"
+  std::uint64_t nonce = 0;
+  partition_hello hello;
+
+  static constexpr std::size_t size = 4 + 8 + 4 + 8 + 8 + 8;
+  std::vector<std::byte> encode() const {
+    writer w;
+    w.u32(magic), w.u64(nonce), w.u32(hello.clone), w.u64(hello.plan), w.u64(hello.declaration);
+    return seal(w);
+  }
+  static request_hello decode(std::span<const std::byte> b) {
+    reader r(unseal(b, "request hello"), "request hello");
+    if (r.u32() != magic) r.fail("bad magic word");
+    request_hello h;
+    h.nonce = r.u64(), h.hello.clone = r.u32(), h.hello.plan = r.u64(), h.hello.declaration = r.u64();
+    r.expect_end();
+    return h;
+  }
+};
+
+/// A source's record of each clone rank's latest request hello: whether it matched this
+/// source's plan, and which request it named. Garbage is dropped (and forgets that clone
+/// rank's record). At most `max_per_poll` messages per clone rank and call.
+template <class Comm>
+class request_hellos {
+ public:
+  static constexpr int max_per_poll = 64;
+  request_hellos(Comm& c, const std::vector<int>& clone_ranks, int tag, handshake_terms terms)
+      : comm_(c), terms_(std::move(terms)), latest_(clone_ranks.size()) {
+    for (auto rank : clone_ranks) slots_.emplace_back().post(comm_, rank, tag, request_hello::size + 64);
+  }
+  request_hellos(const request_hellos&) = delete;
+  request_hellos& operator=(const request_hellos&) = delete;
+  ~request_hellos() { cancel(); }
+
+  void poll() {
+    for (std::uint32_t c = 0; c < slots_.size(); ++c)
+      for (int taken = 0; taken < max_per_poll; ++taken) {
+        auto b = slots_[c].test(comm_);
+        if (!b) break;
+        latest_[c].reset();
+        try {
+          const auto h = request_hello::decode(*b);
+          latest_[c] = record{h.nonce, h.hello.clone == c && h.hello.declaration == terms_.declaration_fingerprint && h.hello.plan == terms_.plan};
+        } catch (const error&) {  // garbage: no record
+        }
+        slots_[c].repost(comm_);
+      }
+  }
+  /// The clone ranks a fork answering the requests that digest to `digest`
+  /// (requests_digest) may be sent to at once: those whose request hello matched, when this
+  /// source holds the request hello of every request the fork answers; else none.
+  std::vector<std::uint32_t> admitted_for(std::uint64_t digest) {
+    poll();
+    std::vector<std::uint64_t> nonces;
+    std::vector<std::uint32_t> matched;
+    for (std::uint32_t c = 0; c < latest_.size(); ++c) {
+      if (!latest_[c]) return {};
+      nonces.push_back(latest_[c]->nonce);
+      if (latest_[c]->matches) matched.push_back(c);
+    }
+    return requests_digest(nonces) == digest ? matched : std::vector<std::uint32_t>{};
+  }
+  void cancel() noexcept {
+    for (auto& s : slots_) s.cancel(comm_);
+  }
+
+ private:
+  struct record {
+    std::uint64_t nonce = 0;
+    bool matches = false;
+  };
+  Comm& comm_;
+  handshake_terms terms_;
+  std::vector<std::optional<record>> latest_;
+  std::deque<inbox_slot<Comm>> slots_;  // a deque: posted buffers must not move
+};
+
 /// A source's messages from the clone ranks, one receive per clone rank on the control tag:
 /// each clone rank's hello first (judged against this source's plan, a refusal sent back on a
 /// difference), then its acknowledgements and failover notices. Every clone rank sends every
@@ -188,8 +276,9 @@ class source_inbox {
         if (!b) break;
         const std::vector<std::byte> message(b->begin(), b->end());
         slots_[c].repost(comm_);  // first: whatever the callbacks throw, the next message is awaited
-        if (state_[c] == state::waiting && leftover(std::span<const std::byte>(message))) continue;
-        if (state_[c] == state::waiting) admit(c, message), judged(c);
+        const bool awaited = state_[c] == state::waiting || state_[c] == state::presumed;  // its hello is still to come
+        if (awaited && leftover(std::span<const std::byte>(message))) continue;
+        if (awaited) admit(c, message), judged(c);
         else if (state_[c] == state::admitted) notice(c, message);
       }
   }
@@ -197,11 +286,16 @@ class source_inbox {
   /// refused clone rank may have given up already).
   bool settled() const {
     for (auto st : state_)
-      if (st == state::waiting) return false;
+      if (st == state::waiting || st == state::presumed) return false;
     return true;
   }
-  /// Clone rank `c`'s hello matched this source's plan: it may be sent to.
-  bool admitted(std::uint32_t c) const { return state_.at(c) == state::admitted; }
+  /// Clone rank `c`'s hello matched this source's plan, or is presumed to: it may be sent to.
+  bool admitted(std::uint32_t c) const { return state_.at(c) == state::admitted || state_.at(c) == state::presumed; }
+  /// Clone rank `c`'s plan is known to match (its request hello did): it may be sent to
+  /// before its hello comes, which is still judged then.
+  void presume(std::uint32_t c) {
+    if (state_.at(c) == state::waiting) state_[c] = state::presumed;
+  }
   /// Clone rank `c`'s hello did not match (it was told why): it is served nothing.
   bool refused(std::uint32_t c) const { return state_.at(c) == state::refused; }
   void cancel() noexcept {
@@ -210,7 +304,7 @@ class source_inbox {
   }
 
  private:
-  enum class state : char { waiting, admitted, refused };
+  enum class state : char { waiting, presumed, admitted, refused };
   void admit(std::uint32_t c, std::span<const std::byte> b) {
     auto refusal = judge_hello(b, c, terms_, source_);
     state_[c] = refusal ? state::refused : state::admitted;

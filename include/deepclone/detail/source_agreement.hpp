@@ -196,7 +196,9 @@ class source_agreement final : public agreement::context {
     d.session = session_base_ + ++decided_;
     d.epoch = static_cast<std::uint32_t>((decided_ - 1) % p_.epochs);
     d.iteration = k;
-    for (auto& g : msgs_.requests()) d.flags |= g->flags;
+    std::vector<std::uint64_t> nonces;
+    for (auto& g : msgs_.requests()) d.flags |= g->flags, nonces.push_back(g->nonce);
+    d.nonce = requests_digest(nonces);  // the clone ranks get their own request's nonce instead
     for (std::uint32_t i = 1; i < roles_.source_count(); ++i)
       trailing_.send_owned(comm_, roles_.sources[i], p_.tag_base + tag_decision, d.encode());
     msgs_.answer(comm_, trailing_, d);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ enum tag : int {
   tag_cancel = 7,       ///< clone -> sources: stop serving this session
   tag_ack = 8,          ///< clone -> sources: these layers are verified (the window may close)
   tag_refetch = 9,      ///< clone -> a source: send this group again (failover, corruption)
+  tag_hello = 10,       ///< partitioned clone -> every source: its plan, with its request (request_hello)
   tag_digest = 12,      ///< source -> clone: the digest of its whole replica at iteration k
   tag_epochs = 16,      ///< then the sessions' tag blocks (session_tags)
 };
@@ -123,12 +125,21 @@ struct request_msg {
 
 enum class verdict : std::uint32_t { accepted = 1, layout_differs = 2, plan_differs = 3, stopped = 4 };
 
+/// The nonces of the requests a fork answers, in clone order, as one word: a source holding
+/// a message that names each request (partition_engine's request_hello) can tell whether
+/// those are the requests the fork answers, not earlier ones.
+inline std::uint64_t requests_digest(std::span<const std::uint64_t> nonces) {
+  writer w;
+  for (auto n : nonces) w.u64(n);
+  return fnv1a(w.buffer());
+}
+
 struct decision_msg {
   verdict status = verdict::accepted;
   std::uint64_t session = 0;
   std::uint64_t iteration = 0;
   std::uint32_t epoch = 0;         ///< the session's tag block (session_tags)
-  std::uint64_t nonce = 0;         ///< to a clone: the request it answers; to a source: 0
+  std::uint64_t nonce = 0;         ///< to a clone: the request it answers; to a source: requests_digest of those accepted
   std::uint64_t layout_bytes = 0;  ///< size of the layout message that follows a refusal
   std::uint32_t offending_clone = 0;
   plan_key key;  ///< the sources' key
