@@ -341,16 +341,10 @@ class emulated_link {
   const std::shared_ptr<fabric_type>& fabric() const noexcept { return fabric_; }
 
   request_type isend(int dest, int tag, std::span<const std::byte> data) {
-    request_type r;
-    if (!fabric_->unlimited()) r.slot = fabric_->post(true, rank(), dest, tag, data.size(), Clock::now());
-    r.inner = inner_.isend(dest, tag, data);
-    return r;
+    return paced(true, rank(), dest, tag, data.size(), [&] { return inner_.isend(dest, tag, data); });
   }
   request_type irecv(int source, int tag, std::span<std::byte> buffer) {
-    request_type r;
-    if (!fabric_->unlimited()) r.slot = fabric_->post(false, source, rank(), tag, buffer.size(), Clock::now());
-    r.inner = inner_.irecv(source, tag, buffer);
-    return r;
+    return paced(false, source, rank(), tag, buffer.size(), [&] { return inner_.irecv(source, tag, buffer); });
   }
 
   std::optional<std::size_t> test(request_type& r) {
@@ -394,18 +388,12 @@ class emulated_link {
   request_type isend_gather(int dest, int tag, std::span<const std::span<const std::byte>> out)
     requires gathering_communicator<Comm>
   {
-    request_type r;
-    if (!fabric_->unlimited()) r.slot = fabric_->post(true, rank(), dest, tag, total_bytes(out), Clock::now());
-    r.inner = inner_.isend_gather(dest, tag, out);
-    return r;
+    return paced(true, rank(), dest, tag, total_bytes(out), [&] { return inner_.isend_gather(dest, tag, out); });
   }
   request_type irecv_scatter(int source, int tag, std::span<const std::span<std::byte>> in)
     requires gathering_communicator<Comm>
   {
-    request_type r;
-    if (!fabric_->unlimited()) r.slot = fabric_->post(false, source, rank(), tag, total_bytes(in), Clock::now());
-    r.inner = inner_.irecv_scatter(source, tag, in);
-    return r;
+    return paced(false, source, rank(), tag, total_bytes(in), [&] { return inner_.irecv_scatter(source, tag, in); });
   }
 
   // --- waitable_communicator, where the inner one is ---
@@ -428,6 +416,15 @@ class emulated_link {
   }
 
  private:
+  /// A message of `bytes` from `from` to `to`, booked on the fabric (unless unlimited), then
+  /// posted on the inner communicator by `post`.
+  template <class Post>
+  request_type paced(bool is_send, int from, int to, int tag, std::size_t bytes, Post post) {
+    request_type r;
+    if (!fabric_->unlimited()) r.slot = fabric_->post(is_send, from, to, tag, bytes, Clock::now());
+    r.inner = post();
+    return r;
+  }
   template <class Range>
   static std::size_t total_bytes(std::span<const Range> ranges) {
     std::size_t n = 0;

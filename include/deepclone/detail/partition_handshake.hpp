@@ -138,18 +138,11 @@ struct handshake_terms {
   }
 };
 
-/// Source `source`'s verdict on `bytes`, the first message of clone rank `clone`: nullopt
-/// when it is a hello that matches `own`, else the refusal to send back. Never throws for
-/// what the clone rank sent.
-inline std::optional<partition_refusal> judge_hello(std::span<const std::byte> bytes, std::uint32_t clone, const handshake_terms& own,
+/// Source `source`'s verdict on hello `h` of clone rank `clone`: nullopt when it matches
+/// `own`, else the refusal to send back.
+inline std::optional<partition_refusal> judge_hello(const partition_hello& h, std::uint32_t clone, const handshake_terms& own,
                                                     std::uint32_t source) {
   const std::string who = "clone rank " + std::to_string(clone);
-  partition_hello h;
-  try {
-    h = partition_hello::decode(bytes);
-  } catch (const error& e) {
-    return partition_refusal{source, errc::corrupt_message, who + "'s first message is not a hello: " + e.details(), 0, {}};
-  }
   if (h.clone != clone)
     return partition_refusal{source, errc::corrupt_message, who + " sent the hello of clone rank " + std::to_string(h.clone), h.plan, {}};
   if (h.declaration != own.declaration_fingerprint)
@@ -161,6 +154,16 @@ inline std::optional<partition_refusal> judge_hello(std::span<const std::byte> b
                                  "of every source and clone rank, and the same group options and alignment",
                              h.plan, {}};
   return std::nullopt;
+}
+/// As above, for `bytes`, the first message of clone rank `clone` (a refusal where it is no
+/// hello). Never throws for what the clone rank sent.
+inline std::optional<partition_refusal> judge_hello(std::span<const std::byte> bytes, std::uint32_t clone, const handshake_terms& own,
+                                                    std::uint32_t source) {
+  try {
+    return judge_hello(partition_hello::decode(bytes), clone, own, source);
+  } catch (const error& e) {
+    return partition_refusal{source, errc::corrupt_message, "clone rank " + std::to_string(clone) + "'s first message is not a hello: " + e.details(), 0, {}};
+  }
 }
 
 /// A clone rank's hello sent with its fork request, naming the request (request_msg::nonce).
@@ -208,7 +211,7 @@ class request_hellos {
         latest_[c].reset();
         try {
           const auto h = request_hello::decode(*b);
-          latest_[c] = record{h.nonce, h.hello.clone == c && h.hello.declaration == terms_.declaration_fingerprint && h.hello.plan == terms_.plan};
+          latest_[c] = record{h.nonce, !judge_hello(h.hello, c, terms_, 0)};
         } catch (const error&) {  // garbage: no record
         }
         slots_[c].repost(comm_);
