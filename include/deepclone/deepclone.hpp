@@ -13,6 +13,7 @@
 #include "inproc.hpp"
 #include "layout.hpp"
 #include "metadata.hpp"
+#include "part_memory.hpp"
 #include "partition_engine.hpp"
 #include "piece.hpp"
 #include "pipeline.hpp"

@@ -1,6 +1,6 @@
 #pragma once
 /// \file partition_engine.hpp
-/// `partition_engine<Comm, Agreement, Checksum>` forks a live job whose state is
+/// `partition_engine<Comm, Agreement, Checksum, Memory>` forks a live job whose state is
 /// partitioned (ZeRO, tensor or pipeline parallel: partition_job.hpp) while its sources
 /// train on, as `engine` does for replicated state:
 ///
@@ -16,8 +16,9 @@
 /// final (its after_update in k, or at once when the decision comes after it), through a
 /// partition_sender on the fork's own block of tags; a source waits only in before_update
 /// of a layer still in flight (the window rule). Templated on the communicator, the
-/// agreement and the checksum; a rank's parts are byte spans, as partition_transfer.hpp
-/// takes them.
+/// agreement, the checksum and where the parts live (part_memory.hpp: host by default;
+/// integrations/thrust.hpp's `thrust_staging` for device memory, staged through host
+/// buffers); a rank's parts are byte spans, as partition_transfer.hpp takes them.
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +40,7 @@
 #include "detail/source_agreement.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
+#include "part_memory.hpp"
 #include "partition_declaration.hpp"
 #include "partition_job.hpp"
 #include "partition_transfer.hpp"
@@ -94,7 +96,7 @@ inline errc peer_code(std::uint32_t code, errc fallback) {
 
 }  // namespace detail
 
-template <class Comm, class Agreement = agreement::collective, class Checksum = checksum::mix64>
+template <class Comm, class Agreement = agreement::collective, class Checksum = checksum::mix64, part_memory Memory = host_memory>
 class partition_engine {
   static_assert(point_to_point_communicator<Comm>,
                 "deepclone::partition_engine: Comm must model point_to_point_communicator (communicator.hpp)");
@@ -103,6 +105,7 @@ class partition_engine {
   using comm_type = Comm;
   using agreement_type = Agreement;
   using checksum_type = Checksum;
+  using memory_type = Memory;
 
   /// Run-time settings; sources and clone ranks must use equal tag settings.
   struct settings {
@@ -143,8 +146,8 @@ class partition_engine {
 };
 
 /// A source rank: the trainer calls the hooks; the engine serves the forks agreed.
-template <class Comm, class Agreement, class Checksum>
-class partition_engine<Comm, Agreement, Checksum>::source final : private detail::source_agreement_host {
+template <class Comm, class Agreement, class Checksum, part_memory Memory>
+class partition_engine<Comm, Agreement, Checksum, Memory>::source final : private detail::source_agreement_host {
  public:
   /// `parts[t]`: this source's part of global tensor t, as its holdings declare; they are
   /// read while a fork is in flight, so they must stay where they are. Throws
@@ -277,7 +280,7 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
   const failure& last_failure() const noexcept { return last_failure_; }
 
  private:
-  using sender_type = partition_sender<Comm, Checksum>;
+  using sender_type = partition_sender<Comm, Checksum, Memory>;
   struct session {
     detail::decision_msg d;
     std::unique_ptr<sender_type> sender;
@@ -472,8 +475,8 @@ class partition_engine<Comm, Agreement, Checksum>::source final : private detail
 };
 
 /// A clone rank: asks for a fork and receives its wanted parts of iteration k.
-template <class Comm, class Agreement, class Checksum>
-class partition_engine<Comm, Agreement, Checksum>::clone {
+template <class Comm, class Agreement, class Checksum, part_memory Memory>
+class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
  public:
   /// `parts[t]`: this clone rank's part of global tensor t, as its holdings declare. Throws
   /// `invalid_argument` when this rank is not a clone rank of `job`, or for parts that do
@@ -592,7 +595,7 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
       }
     } st{comm_, std::vector<detail::inbox_slot<Comm>>(r.source_count())};
     for (std::size_t i = 0; i < st.slots.size(); ++i) st.slots[i].post(comm_, r.sources[i], s_.tag_base + detail::tag_status, detail::control_bytes);
-    partition_receiver<Comm, Checksum> in(comm_, job_.route(tags_.transfer(d.epoch), d.session), index_, parts_);
+    partition_receiver<Comm, Checksum, Memory> in(comm_, job_.route(tags_.transfer(d.epoch), d.session), index_, parts_);
     detail::idler<Comm> idle(comm_);
     const auto deadline = detail::clock::now() + s_.timeout;
     for (idle.mark(); !in.progress(); idle.mark()) {
@@ -608,7 +611,7 @@ class partition_engine<Comm, Agreement, Checksum>::clone {
   /// Source `i`'s status for fork `session` (garbage and other forks' are dropped): a source
   /// that cannot serve it is failed over to the other holders of its bytes (with failover;
   /// errc::source_failed where none holds them), a fork ended for every clone rank fails here.
-  void take_status(detail::inbox_slot<Comm>& slot, std::uint32_t i, std::uint64_t session, partition_receiver<Comm, Checksum>& in) {
+  void take_status(detail::inbox_slot<Comm>& slot, std::uint32_t i, std::uint64_t session, partition_receiver<Comm, Checksum, Memory>& in) {
     while (auto b = slot.test(comm_)) {
       std::optional<detail::status_msg> m;
       try {

@@ -39,7 +39,9 @@
 /// point is agreed by partition_engine.hpp, which drives this per fork. The tags must
 /// not overlap those of an engine, or of an earlier transfer whose messages may still be
 /// unreceived (a silent source's notices), on the same communicator.
-/// Templated on the communicator and the checksum only.
+/// Parts in device memory are staged through host buffers by a `Memory` policy
+/// (part_memory.hpp): every message then leaves from, and lands in, a host buffer.
+/// Templated on the communicator, the checksum and that policy.
 
 #include <algorithm>
 #include <chrono>
@@ -62,6 +64,7 @@
 #include "detail/partition_handshake.hpp"
 #include "error.hpp"
 #include "holdings.hpp"
+#include "part_memory.hpp"
 #include "partition_groups.hpp"
 #include "roles.hpp"
 
@@ -106,8 +109,9 @@ struct partition_route {
 };
 
 /// A source's side: sends its groups from its own tensors (`tensors[t]`: its part of global
-/// tensor t, as its holdings declare). The tensors must not change until `done()`.
-template <class Comm, class Checksum = checksum::mix64>
+/// tensor t, as its holdings declare, where `Memory` reaches them). The tensors must not
+/// change until `done()`.
+template <class Comm, class Checksum = checksum::mix64, part_memory Memory = host_memory>
 class partition_sender {
  public:
   partition_sender(Comm& c, partition_route route, std::uint32_t source, std::span<const std::span<const std::byte>> tensors)
@@ -258,7 +262,7 @@ class partition_sender {
   Comm& comm_;
   partition_route route_;
   std::uint32_t source_;
-  detail::group_sender<Comm, Checksum> out_;
+  detail::group_sender<Comm, Checksum, Memory> out_;
   std::vector<char> sent_, released_;          // per layer: send_layer called; reported sent (may be overwritten)
   std::vector<const partition_group*> held_;   // groups to clone ranks whose hello has not come yet
   std::optional<detail::source_failover> failover_;
@@ -273,7 +277,7 @@ class partition_sender {
 /// it, straight from those tensors: keep them alive until progress() is true where a
 /// transport cannot withdraw sends (as for a source's tensors), and give every transfer its
 /// own tags (a forward to a clone rank that gave up stays parked there).
-template <class Comm, class Checksum = checksum::mix64>
+template <class Comm, class Checksum = checksum::mix64, part_memory Memory = host_memory>
 class partition_receiver {
  public:
   partition_receiver(Comm& c, partition_route route, std::uint32_t clone, std::span<const std::span<std::byte>> tensors)
@@ -438,7 +442,7 @@ class partition_receiver {
     ++unverified_.at(g.layer);
     if (in.gates_forwards) ++from_sources_.at(g.layer);
     if (!g.forwarded) quiet_since_.at(g.source) = detail::clock::now();  // asked for more: silence counts from now
-    for (const auto& m : g.messages) in.packed.emplace_back(m.packed && !detail::gathers<Comm>(m) ? static_cast<std::size_t>(m.bytes) : 0);
+    for (const auto& m : g.messages) in.packed.emplace_back(lands_in_buffer(m) ? static_cast<std::size_t>(m.bytes) : 0);
     in.sums.resize(detail::partition_sums::size_for(detail::sum_count(g)));
     post_receives(in);
   }
@@ -451,11 +455,11 @@ class partition_receiver {
     for (std::size_t i = 0; i < g.messages.size(); ++i) {
       const auto& m = g.messages[i];
       if constexpr (gathering_communicator<Comm>)
-        if (m.gather) {
+        if (detail::gathers<Comm, Memory>(m)) {
           in.data.push_back(comm_.irecv_scatter(from, data, clone_runs(m)));
           continue;
         }
-      const auto into = m.packed ? std::span<std::byte>(in.packed[i]) : clone_run(route_.global, m.runs.front(), tensors_);
+      const auto into = lands_in_buffer(m) ? std::span<std::byte>(in.packed[i]) : clone_run(route_.global, m.runs.front(), tensors_);
       in.data.push_back(comm_.irecv(from, data, into));
     }
     in.sums_request = comm_.irecv(from, data + 1, std::span<std::byte>(in.sums));
@@ -500,7 +504,7 @@ class partition_receiver {
     for (std::size_t i = 0, k = 0; i < g.messages.size(); k += g.messages[i].sum_count(), ++i)
       verify(g, i, in.packed[i], std::span<const std::uint64_t>(sums.sums).subspan(k, g.messages[i].sum_count()));
     for (std::size_t i = 0; i < g.messages.size(); ++i)
-      if (g.messages[i].packed && !detail::gathers<Comm>(g.messages[i])) unpack(route_.global, g.messages[i].runs, in.packed[i], tensors_);
+      if (lands_in_buffer(g.messages[i])) unpack_message(g.messages[i], in.packed[i]);
     in.verified = true;
     delivered(in);
     return true;
@@ -608,11 +612,26 @@ class partition_receiver {
       }
     }
   }
-  /// Message i's bytes where they arrived: one run in the own tensor (direct), the packed
-  /// buffer, or (gathered) each run, in the buffer or in the own tensors.
+  /// Whether message `m` is received into a buffer and unpacked once verified: a packed
+  /// one that the transport does not scatter, and every message into staged parts.
+  static bool lands_in_buffer(const partition_message& m) {
+    return !Memory::host_addressable || (m.packed && !detail::gathers<Comm>(m));
+  }
+  /// Copies the verified buffer `in` of message `m` into the own tensors (bounds-checked).
+  void unpack_message(const partition_message& m, std::span<const std::byte> in) {
+    if constexpr (Memory::host_addressable) {
+      unpack(route_.global, m.runs, in, tensors_);
+    } else {
+      const auto runs = clone_runs(m);  // all bounds-checked before the policy writes one
+      memory_.scatter(in, runs);
+    }
+  }
+  /// Message i's bytes where they arrived: its buffer (packed or staged), one run in the own
+  /// tensor (direct), or (gathered) each run in the own tensors.
   std::vector<std::span<std::byte>> arrived(const partition_message& m, std::span<std::byte> packed) {
+    if (lands_in_buffer(m)) return detail::checksummed_parts(m, packed);
     if (!m.packed) return {clone_run(route_.global, m.runs.front(), tensors_)};
-    return detail::gathers<Comm>(m) ? clone_runs(m) : detail::checksummed_parts(m, packed);
+    return clone_runs(m);
   }
   void verify(const partition_group& g, std::size_t i, std::span<std::byte> packed, std::span<const std::uint64_t> sums) {
     const auto& m = g.messages[i];
@@ -636,6 +655,7 @@ class partition_receiver {
   partition_route route_;
   std::uint32_t clone_;
   std::vector<std::span<std::byte>> tensors_;
+  [[no_unique_address]] Memory memory_{};
   std::size_t stale_groups_ = 0;
   std::deque<incoming> incoming_;  // a deque: receives write into its elements' buffers, which must not move
   std::vector<std::uint32_t> unverified_;                    // per layer: groups not verified nor replaced
@@ -651,7 +671,7 @@ class partition_receiver {
   std::deque<partition_groups> replacements_;                // failovers' groups (a deque: incoming_ points into them)
   std::optional<detail::clone_handshake<Comm>> handshake_;   // before failover_: the hello leaves first on the control tag
   std::optional<detail::clone_failover<Comm>> failover_;
-  std::optional<detail::group_sender<Comm, Checksum>> forward_;  // partition_sharing::exchange: this rank's forwards
+  std::optional<detail::group_sender<Comm, Checksum, Memory>> forward_;  // partition_sharing::exchange: this rank's forwards
   std::optional<detail::exchange_peers<Comm>> peers_;           // sharing with failover: farewells between clone ranks
   std::vector<corrupt_group> corrupt_forwards_;                 // forwards that failed their checksum (source: the forwarder)
   bool complete_ = false;                                       // progress() was true: no farewells when cancelled

@@ -4,7 +4,8 @@
 //   - pack/unpack of a shard spanning several device tensors;
 //   - thrust::device_vector traits report device memory;
 //   - the staging ring never makes the training stream wait (shown with CUDA events);
-//   - a clone of device tensors between in-process ranks, bitwise equal at the fork.
+//   - a clone of device tensors between in-process ranks, bitwise equal at the fork;
+//   - a partitioned transfer between device parts staged by thrust_staging, byte-exact.
 #include "check.hpp"
 
 #include <deepclone/deepclone.hpp>
@@ -20,6 +21,8 @@
 
 #include <thrust/sequence.h>
 #include <thrust/transform.h>
+
+#include "../partition/scenarios.hpp"
 
 namespace dc = deepclone;
 using dc::cuda::check;
@@ -269,6 +272,51 @@ TEST("clone of device tensors between in-process ranks is bitwise equal at the f
   CHECK(got[0] == w);
   CHECK(got[1] == w);
   CHECK(all_on_device[0] && all_on_device[1]);
+}
+
+TEST("a partitioned transfer between device parts staged by thrust_staging is byte-exact") {
+  // ZeRO-1 over N=4 into M=2 replicated clone ranks, every part a device vector; small
+  // message limits so that packed messages (several runs) are staged too.
+  using comm = dc::inproc::communicator;
+  using staged = dc::thrust_staging<>;
+  const auto s = partition_test::zero1();
+  const auto n = static_cast<std::uint32_t>(s.src.size()), m = static_cast<std::uint32_t>(s.dst.size());
+  const auto roles = dc::roles::contiguous(n, m);
+  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), n, m, dc::partition_group_options{16, 64});
+  const dc::partition_route route{roles, s.lay, groups, 100};
+  std::vector<std::vector<std::vector<std::byte>>> got(m);
+  std::vector<std::string> errors(m);
+  dc::inproc::world world(static_cast<int>(n + m));
+  world.run([&](comm& c) {
+    check(cudaSetDevice(0), "cudaSetDevice");
+    const auto r = static_cast<std::uint32_t>(c.rank());
+    const bool source = r < n;
+    auto host = partition_test::own_tensors(s.lay, source ? s.src[r] : s.dst[r - n], source);
+    std::vector<thrust::device_vector<std::byte>> dev;
+    for (auto& t : host) dev.emplace_back(t.begin(), t.end());
+    std::vector<std::span<std::byte>> parts;
+    for (auto& d : dev) parts.emplace_back(thrust::raw_pointer_cast(d.data()), d.size());
+    try {
+      if (source) {
+        const std::vector<std::span<const std::byte>> own(parts.begin(), parts.end());
+        dc::partition_sender<comm, dc::checksum::mix64, staged> send(c, route, r, own);
+        for (auto l = static_cast<std::uint32_t>(s.lay.layer_count()); l-- > 0;) send.send_layer(l);
+        send.wait(std::chrono::seconds(60));
+      } else {
+        dc::partition_receiver<comm, dc::checksum::mix64, staged> receive(c, route, r - n, parts);
+        receive.wait(std::chrono::seconds(60));
+        for (std::size_t t = 0; t < dev.size(); ++t) thrust::copy(dev[t].begin(), dev[t].end(), host[t].begin());
+        got[r - n] = std::move(host);
+      }
+    } catch (const std::exception& e) {
+      if (!source) errors[r - n] = e.what();
+    }
+  });
+  for (std::uint32_t c = 0; c < m; ++c) {
+    if (!errors[c].empty()) std::printf("  clone rank %u: %s\n", c, errors[c].c_str());
+    CHECK(errors[c].empty());
+    for (std::uint32_t t = 0; t < s.lay.tensor_count() && errors[c].empty(); ++t) CHECK(partition_test::holds_pattern(s, c, got[c], t));
+  }
 }
 
 int main() { return dctest::run_all("cuda.device"); }

@@ -5,7 +5,7 @@
 // want against the sources' value of that byte in the agreed iteration k. Repeated forks on
 // the same ranks, the collective placed mid-iteration (k in progress), a clone rank that
 // gives up (its peers fail cleanly, the next fork is exact), refusals (global layout),
-// hook-order rules and timeouts.
+// hook-order rules and timeouts; parts the host cannot address, staged by a Memory policy.
 #include <doctest/doctest.h>
 
 #include <deepclone/collectives.hpp>
@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "sealed_memory.hpp"
 #include "training.hpp"
 
 namespace dc = deepclone;
@@ -77,7 +78,8 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
       guarded([&] {
         auto c = w.comm(int(i));
         trainer me(s, i);
-        typename Engine::source src(c, job, me.parts(), set);
+        const auto placed = parts_in<typename Engine::memory_type, const std::byte>(me.own());  // sealed for sealed_memory
+        typename Engine::source src(c, job, placed.spans, set);
         train<Engine>(c, s, r, src, me, [&] { return clones_done.load() == int(m); }, o.at);
         src.finish();
         out.completed[i] = src.forks_completed(), out.failed[i] = src.forks_failed();
@@ -89,8 +91,8 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
         auto c = w.comm(int(n + j));
         if (body) return body(c, job, j, out);
         auto own = own_tensors(s.lay, s.dst[j], false);
-        auto parts = spans<std::byte>(own);
-        typename Engine::clone dst(c, job, parts, set);
+        const auto placed = parts_in<typename Engine::memory_type, std::byte>(own);
+        typename Engine::clone dst(c, job, placed.spans, set);
         for (int f = 0; f < o.forks; ++f) {
           for (auto& t : own) std::fill(t.begin(), t.end(), std::byte{0xEE});
           std::this_thread::sleep_for(3ms);  // the sources train meanwhile
@@ -119,6 +121,8 @@ void check_exact(const outcome& o, int forks) {
 
 using collective_engine = dc::partition_engine<dc::inproc::communicator>;
 using coordinator_engine = dc::partition_engine<dc::inproc::communicator, dc::agreement::coordinator>;
+/// Parts the host cannot address (a device's), staged through host buffers by the policy.
+using staged_engine = dc::partition_engine<dc::inproc::communicator, dc::agreement::collective, dc::checksum::mix64, sealed_memory>;
 
 }  // namespace
 
@@ -134,6 +138,18 @@ TEST_CASE("partition engine: the trainer's collective agrees on k; every clone b
       CAPTURE(int(sharing));
       check_exact(run<collective_engine>(sc.s, {.sharing = sharing, .forks = 2}), 2);
     }
+}
+
+TEST_CASE("partition engine: parts the host cannot address fork exactly through a staging Memory policy, fork after fork") {
+  // The engine hands staged parts only to the policy: sealed parts fault on any other touch.
+  const auto gathered = sealed_memory::gathers.load(), scattered = sealed_memory::scatters.load();
+  for (const auto& s : {zero1(), tp2_dp2(), pipeline_2x2(true)})
+    for (auto sharing : {dc::partition_sharing::none, dc::partition_sharing::exchange}) {
+      CAPTURE(int(sharing));
+      check_exact(run<staged_engine>(s, {.sharing = sharing, .forks = 2}), 2);
+    }
+  CHECK(sealed_memory::gathers.load() > gathered);
+  CHECK(sealed_memory::scatters.load() > scattered);
 }
 
 TEST_CASE("partition engine: the layers of k leave at the decision; the clone ranks need no later hook of the sources") {

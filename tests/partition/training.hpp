@@ -33,6 +33,7 @@ class trainer {
   trainer(const scenario& s, std::uint32_t r) : s_(s), own_(own_tensors(s.lay, s.src[r], false)) {
     for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) maps_.push_back(brute_map(s.lay.tensor(t), s.src[r].of_tensor[t]));
   }
+  std::vector<std::vector<std::byte>>& own() { return own_; }
   std::vector<std::span<const std::byte>> parts() {
     std::vector<std::span<const std::byte>> p;
     for (auto& t : own_) p.emplace_back(t.data(), t.size());

@@ -1,5 +1,5 @@
 // integrations/thrust.hpp on Thrust's CPP back-end: the same code nvcc builds for the GPU
-// (tests/cuda), run by the CPU.
+// (tests/cuda), run by the CPU; thrust_staging also moves a partitioned transfer's parts.
 #include <doctest/doctest.h>
 
 #include <deepclone/deepclone.hpp>
@@ -11,6 +11,8 @@
 #include <mutex>
 #include <random>
 #include <vector>
+
+#include "../partition/transfer_run.hpp"
 
 namespace dc = deepclone;
 
@@ -285,4 +287,54 @@ TEST_CASE("a staged pipeline providing its own ring lets the source engine stage
   CHECK(got == want.bytes());
   CHECK(staged[0] > 0);  // every piece went through the policy's copy
   CHECK(staged[1] > 0);
+}
+
+TEST_CASE("thrust_staging gathers runs into a host buffer and scatters them back, bit for bit") {
+  thrust::device_vector<std::byte> dev(100000);
+  const auto src = random_bytes(dev.size(), 5);
+  thrust::copy(src.begin(), src.end(), dev.begin());
+  auto* d = thrust::raw_pointer_cast(dev.data());
+  dc::thrust_staging<> memory;
+  for (const auto& cuts : std::vector<std::vector<std::pair<std::size_t, std::size_t>>>{
+           {{0, 100000}}, {{7, 1}}, {{0, 0}}, {{10, 300}, {5000, 64}, {99990, 10}}, {{40000, 20000}, {0, 3}, {70000, 0}, {12, 999}}}) {
+    CAPTURE(cuts.size());
+    std::vector<std::span<const std::byte>> runs;
+    std::vector<std::span<std::byte>> into;
+    std::vector<std::byte> want;
+    for (auto [at, n] : cuts) {
+      runs.emplace_back(d + at, n);
+      want.insert(want.end(), src.begin() + static_cast<std::ptrdiff_t>(at), src.begin() + static_cast<std::ptrdiff_t>(at + n));
+    }
+    std::vector<std::byte> host(want.size(), std::byte{0xEE});
+    memory.gather(runs, host);
+    CHECK(host == want);
+    // Scatter them into a second device buffer at the same places: those bytes, nothing else.
+    thrust::device_vector<std::byte> other(dev.size(), std::byte{0x11});
+    for (auto [at, n] : cuts) into.emplace_back(thrust::raw_pointer_cast(other.data()) + at, n);
+    memory.scatter(host, into);
+    std::vector<std::byte> back(other.size());
+    thrust::copy(other.begin(), other.end(), back.begin());
+    std::vector<std::byte> expect(dev.size(), std::byte{0x11});
+    for (auto [at, n] : cuts) std::copy_n(src.begin() + static_cast<std::ptrdiff_t>(at), n, expect.begin() + static_cast<std::ptrdiff_t>(at));
+    CHECK(back == expect);
+  }
+}
+
+TEST_CASE("a partitioned transfer between parts staged by thrust_staging arrives byte-exact (CPP back-end)") {
+  using staged = dc::thrust_staging<>;
+  for (const auto& opt : {dc::partition_group_options{}, dc::partition_group_options{16, 64}}) {
+    for (const auto& s : {partition_test::zero1(), partition_test::tp2_dp2(), partition_test::pipeline_2x2(true)}) {
+      const auto ranks = static_cast<int>(s.src.size() + s.dst.size());
+      dc::inproc::world w(ranks);
+      std::vector<dc::inproc::communicator> comms;
+      for (int r = 0; r < ranks; ++r) comms.push_back(w.comm(r));
+      std::vector<dc::inproc::communicator*> ptrs;
+      for (auto& c : comms) ptrs.push_back(&c);
+      const auto r = partition_test::transfer<dc::inproc::communicator, staged, staged>(s, opt, ptrs);
+      for (std::size_t c = 0; c < s.dst.size(); ++c) {
+        CHECK_FALSE(r.clone_errors[c]);
+        for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) CHECK(partition_test::holds_pattern(s, c, r.dst[c], t));
+      }
+    }
+  }
 }

@@ -6,7 +6,8 @@
 /// gathering_communicator) handed to the transport as they lie; after each group, a sealed
 /// list of its checksums. One place for it: a source sends its groups with it, and a clone
 /// rank that shares (partition_sharing::exchange) forwards what it verified with it.
-/// Templated on the communicator and the checksum only.
+/// Templated on the communicator, the checksum and where the parts live (part_memory.hpp):
+/// staged parts leave every message from a host buffer the policy gathered.
 
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "../communicator.hpp"
+#include "../part_memory.hpp"
 #include "../partition_groups.hpp"
 #include "bytes.hpp"
 #include "outbox.hpp"
@@ -38,10 +40,11 @@ std::vector<std::span<Byte>> checksummed_parts(const partition_message& m, std::
   return m.gather ? packed_runs(m, contiguous) : std::vector<std::span<Byte>>{contiguous};
 }
 
-/// Whether message `m` travels gathered on `Comm` (without packing), or contiguously.
-template <class Comm>
+/// Whether message `m` travels gathered on `Comm` (without packing) from or into parts in
+/// `Memory`, or contiguously.
+template <class Comm, class Memory = host_memory>
 bool gathers(const partition_message& m) {
-  return gathering_communicator<Comm> && m.gather;
+  return gathering_communicator<Comm> && Memory::host_addressable && m.gather;
 }
 
 /// One group's checksums in message order (one per run of a gathered message), naming the
@@ -83,7 +86,7 @@ inline int partition_tag(int tag_base, std::uint32_t l, bool sums) { return tag_
 /// Sends groups from one rank's own tensors (`tensors[t]`: its part of global tensor t; the
 /// runs' `source_offset`s lie in them) and keeps every send's request, per layer, with the
 /// clone rank it goes to, and every buffer a send reads until it completed.
-template <class Comm, class Checksum>
+template <class Comm, class Checksum, part_memory Memory = host_memory>
 class group_sender {
  public:
   /// `transfer`: the id its sums carry (partition_route::transfer).
@@ -195,10 +198,16 @@ class group_sender {
     }
   }
   /// Checks (and packs, unless it is gathered) message `m`; appends its checksums to `sums`.
+  /// Staged parts: every message is gathered into a host buffer by the Memory policy.
   outgoing prepare(const partition_message& m, std::vector<std::uint64_t>& sums) {
     outgoing o;
-    if (gathers<Comm>(m)) {
-      for (const auto& r : m.runs) o.runs.push_back(source_run(global_, r, tensors_));
+    if constexpr (!Memory::host_addressable) {
+      const auto runs = source_runs(m);  // all bounds-checked before the policy reads one
+      o.packed = take_buffer(static_cast<std::size_t>(m.bytes));
+      memory_.gather(runs, o.packed);
+      o.bytes = o.packed;
+    } else if (gathers<Comm>(m)) {
+      o.runs = source_runs(m);
     } else if (m.packed) {
       o.packed = take_buffer(static_cast<std::size_t>(m.bytes));
       pack(global_, m.runs, tensors_, o.packed);
@@ -208,6 +217,11 @@ class group_sender {
     }
     for (auto p : !o.runs.empty() ? o.runs : checksummed_parts(m, o.bytes)) sums.push_back(Checksum::compute(p));
     return o;
+  }
+  std::vector<std::span<const std::byte>> source_runs(const partition_message& m) const {
+    std::vector<std::span<const std::byte>> out;
+    for (const auto& r : m.runs) out.push_back(source_run(global_, r, tensors_));
+    return out;
   }
   /// A buffer of `n` bytes: the smallest spare one large enough, else a new one.
   std::vector<std::byte> take_buffer(std::size_t n) {
@@ -240,6 +254,7 @@ class group_sender {
   }
 
   Comm& comm_;
+  [[no_unique_address]] Memory memory_{};
   const layout& global_;
   int tag_base_;
   std::uint64_t transfer_;

@@ -9,6 +9,8 @@
 ///     The value is bit for bit the host's, so a clone can verify a piece on the device.
 ///   - `segment`, `pack`, `unpack`, `shard_segments`: a shard that spans several tensors
 ///     gathered into one contiguous buffer (and scattered back) with Thrust copies.
+///   - `thrust_staging`: the Memory policy (part_memory.hpp) of a partitioned transfer or
+///     engine whose parts live in device memory, staged through host buffers.
 ///   - tensor adapters: `thrust::device_vector<T>` (memory_space::device when Thrust's
 ///     device system is CUDA, host otherwise) and `device_view(ptr, n)` for a raw device
 ///     pointer plus a length (a `raw_view` tagged memory_space::device).
@@ -31,6 +33,7 @@
 #include <thrust/transform_reduce.h>
 
 #include "../checksum.hpp"
+#include "../part_memory.hpp"
 #include "../plan.hpp"
 #include "../state.hpp"
 #include "../tensor.hpp"
@@ -154,6 +157,64 @@ std::vector<segment> shard_segments(const plan& p, state<T>& st, std::uint32_t s
     if (q.source == source && q.layer == layer) out.push_back({st.bytes(q.tensor).data(), q.offset, q.length});
   return out;
 }
+
+// --- Partitioned parts in device memory --------------------------------------------------
+
+/// The `Memory` policy (part_memory.hpp) of a partitioned transfer or engine whose parts
+/// live in Thrust's device system: every message is staged through a host buffer. `gather`
+/// copies the runs into one device staging buffer (one Thrust copy per run, on `Policy`)
+/// and that buffer to the host in one transfer; a single run goes to the host directly.
+/// `scatter` is the reverse. The staging buffer is kept for the next message. Copies run
+/// where `Policy` runs and return once done, so the bytes are final on the host when
+/// `gather` returns; the trainer's update of a layer must have completed before its
+/// after_update (on the CUDA back-end: synchronise the training stream, or copy on it).
+template <class Policy = decltype(thrust::device)>
+class thrust_staging {
+ public:
+  static constexpr bool host_addressable = false;
+
+  void gather(std::span<const std::span<const std::byte>> runs, std::span<std::byte> out) {
+    auto* to = reinterpret_cast<unsigned char*>(out.data());
+    if (runs.size() == 1) {
+      const auto from = device_bytes(runs.front().data());
+      thrust::copy(from, from + static_cast<std::ptrdiff_t>(runs.front().size()), to);
+      return;
+    }
+    auto* stage = staged(out.size());
+    for (auto r : runs) {
+      const auto* from = reinterpret_cast<const unsigned char*>(r.data());
+      thrust::copy(Policy{}, from, from + r.size(), stage);
+      stage += r.size();
+    }
+    thrust::copy(stage_.begin(), stage_.begin() + static_cast<std::ptrdiff_t>(out.size()), to);
+  }
+  void scatter(std::span<const std::byte> in, std::span<const std::span<std::byte>> runs) {
+    const auto* from = reinterpret_cast<const unsigned char*>(in.data());
+    if (runs.size() == 1) {
+      thrust::copy(from, from + in.size(), device_bytes(runs.front().data()));
+      return;
+    }
+    staged(in.size());
+    thrust::copy(from, from + in.size(), stage_.begin());
+    const auto* stage = thrust::raw_pointer_cast(stage_.data());
+    for (auto r : runs) {
+      thrust::copy(Policy{}, stage, stage + r.size(), reinterpret_cast<unsigned char*>(r.data()));
+      stage += r.size();
+    }
+  }
+
+ private:
+  static thrust::device_ptr<unsigned char> device_bytes(const std::byte* p) {
+    return thrust::device_pointer_cast(reinterpret_cast<unsigned char*>(const_cast<std::byte*>(p)));
+  }
+  /// The staging buffer, at least `n` bytes (grown, never shrunk).
+  unsigned char* staged(std::size_t n) {
+    if (stage_.size() < n) stage_.resize(n);
+    return thrust::raw_pointer_cast(stage_.data());
+  }
+  thrust::device_vector<unsigned char> stage_;
+};
+static_assert(part_memory<thrust_staging<>>);
 
 // --- Tensor adapters ----------------------------------------------------------------------
 

@@ -1,0 +1,129 @@
+// The partitioned transfer with parts the host cannot address (part_memory.hpp): a staging
+// Memory policy on the sources, on the clone ranks, or on both. Their parts lie behind
+// sealed addresses (sealed_memory.hpp), so a read or write of a part by the transfer or the
+// transport itself faults; only the policy reaches the bytes. Every clone byte is checked
+// on the five layouts and randomised ones, with direct, packed and gathered messages (a
+// host side's gathered message meets a staged side's contiguous buffer) and with sharing (a
+// staged clone rank forwards); a corrupted message is refused before the policy writes a
+// byte of it.
+#include <doctest/doctest.h>
+
+#include <deepclone/fault_injection.hpp>
+#include <deepclone/inproc.hpp>
+#include <deepclone/partition_transfer.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "transfer_run.hpp"
+
+namespace dc = deepclone;
+using namespace partition_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Options under which the two-layer model's row-split runs are packed and gathered.
+const dc::partition_group_options gather_small{4096, 1024 * 1024, 64};
+
+template <class SourceMemory, class CloneMemory>
+void check_exact(const scenario& s, const dc::partition_group_options& opt, dc::partition_sharing sharing = dc::partition_sharing::none) {
+  const auto ranks = static_cast<int>(s.src.size() + s.dst.size());
+  dc::inproc::world w(ranks);
+  auto used = std::make_shared<std::atomic<int>>(0);
+  std::vector<std::unique_ptr<gathering_inproc>> comms;
+  std::vector<gathering_inproc*> ptrs;
+  for (int r = 0; r < ranks; ++r) ptrs.push_back(comms.emplace_back(std::make_unique<gathering_inproc>(w.comm(r), used)).get());
+  const auto r = transfer<gathering_inproc, SourceMemory, CloneMemory>(s, opt, ptrs, 10s, sharing);
+  for (std::size_t c = 0; c < s.dst.size(); ++c) {
+    if (r.clone_errors[c]) {
+      try {
+        std::rethrow_exception(r.clone_errors[c]);
+      } catch (const std::exception& e) {
+        FAIL_CHECK("clone rank " << c << ": " << e.what());
+      }
+    }
+    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
+      CHECK_MESSAGE(holds_pattern(s, c, r.dst[c], t), "clone rank " << c << ", tensor " << t);
+  }
+}
+
+/// Every layout, then randomised holdings, under `opt`.
+template <class SourceMemory, class CloneMemory>
+void check_layouts(const dc::partition_group_options& opt, dc::partition_sharing sharing, int random_rounds) {
+  for (const auto& s : {zero1(), zero3(), tp2_dp2(), pipeline_2x2(true), pipeline_2x2(false)}) check_exact<SourceMemory, CloneMemory>(s, opt, sharing);
+  std::mt19937_64 rng(41);
+  auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
+  for (int round = 0; round < random_rounds; ++round) {
+    CAPTURE(round);
+    check_exact<SourceMemory, CloneMemory>(random_scenario(pick), opt, sharing);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("staged parts: the transfer never touches them itself; every clone byte exact, whichever side stages") {
+  using dc::host_memory;
+  const auto none = dc::partition_sharing::none;
+  for (const auto& opt : {dc::partition_group_options{}, dc::partition_group_options{16, 64}, gather_small}) {
+    CAPTURE(opt.direct_min_bytes);
+    const auto gathered = sealed_memory::gathers.load(), scattered = sealed_memory::scatters.load();
+    SUBCASE("staged sources, host clone ranks") {
+      check_layouts<sealed_memory, host_memory>(opt, none, 4);
+      CHECK(sealed_memory::gathers.load() > gathered);
+      CHECK(sealed_memory::scatters.load() == scattered);
+    }
+    SUBCASE("host sources, staged clone ranks") {
+      check_layouts<host_memory, sealed_memory>(opt, none, 4);
+      CHECK(sealed_memory::gathers.load() == gathered);
+      CHECK(sealed_memory::scatters.load() > scattered);
+    }
+    SUBCASE("both staged") {
+      check_layouts<sealed_memory, sealed_memory>(opt, none, 4);
+    }
+  }
+}
+
+TEST_CASE("staged parts with sharing: a staged clone rank forwards what it verified; every clone byte exact") {
+  for (const auto& opt : {dc::partition_group_options{}, gather_small}) {
+    CAPTURE(opt.direct_min_bytes);
+    check_layouts<sealed_memory, sealed_memory>(opt, dc::partition_sharing::exchange, 4);
+    check_layouts<dc::host_memory, sealed_memory>(opt, dc::partition_sharing::exchange, 2);
+  }
+}
+
+TEST_CASE("staged parts: a corrupted message fails its checksum before the policy writes a byte of it") {
+  const auto s = zero1();
+  const int ranks = 6;
+  const auto opt = dc::partition_group_options{16, 64};
+  dc::inproc::world w(ranks);
+  auto faults = std::make_shared<dc::fault::plan>();
+  // Layer 0's data tag from source 0 (rank 0) to clone rank 0 (rank 4): its first message.
+  faults->add({.action = dc::fault::kind::corrupt, .from = 0, .to = 4, .tag_lo = tag_base + 2});
+  std::vector<std::unique_ptr<dc::faulty<dc::inproc::communicator>>> comms;
+  std::vector<dc::faulty<dc::inproc::communicator>*> ptrs;
+  for (int r = 0; r < ranks; ++r) ptrs.push_back(comms.emplace_back(std::make_unique<dc::faulty<dc::inproc::communicator>>(w.comm(r), faults)).get());
+  const auto r = transfer<dc::faulty<dc::inproc::communicator>, dc::host_memory, sealed_memory>(s, opt, ptrs, 10s);
+  REQUIRE(r.clone_errors[0]);
+  try {
+    std::rethrow_exception(r.clone_errors[0]);
+  } catch (const dc::error& e) {
+    CHECK(e.kind() == dc::errc::corrupt_message);
+    CHECK(std::string(e.what()).find("layer 'fc1' from source 0 to clone rank 0") != std::string::npos);
+  }
+  // The corrupted message's runs kept the clone rank's sentinel bytes.
+  const auto groups = dc::make_partition_groups(dc::make_partition_plan(s.lay, s.src, s.dst), 4, 2, opt);
+  const dc::partition_group* first = nullptr;
+  for (const auto& g : groups.groups())
+    if (g.layer == 0 && g.source == 0 && g.clone == 0) first = &g;
+  REQUIRE(first);
+  REQUIRE_FALSE(first->messages.empty());
+  for (const auto& run : first->messages.front().runs) {
+    const auto& t = r.dst[0][run.tensor];
+    CHECK(std::all_of(t.begin() + static_cast<std::ptrdiff_t>(run.clone_offset), t.begin() + static_cast<std::ptrdiff_t>(run.clone_offset + run.length),
+                      [](std::byte b) { return b == std::byte{0xEE}; }));
+  }
+}
