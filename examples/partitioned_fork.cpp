@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
   std::vector<double> source_loss;     // the sources' evaluation loss after every step
   double clone_loss[2] = {0, 0}, wait_s[4] = {0, 0, 0, 0};
   std::uint64_t fork_k[2] = {0, 0};
+  dc::partition_report reports[2];
   std::atomic<int> clones_done{0};
   std::vector<std::thread> ranks;
   for (std::uint64_t r = 0; r < 4; ++r)
@@ -263,6 +264,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the sources train meanwhile
       cloning::clone engine(c, job, bytes_of(clone_state[k]));
       fork_k[k] = engine.wait();
+      reports[k] = engine.report();
       clone_loss[k] = evaluate_whole(clone_state[k], 999);
       ++clones_done;
     });
@@ -283,6 +285,13 @@ int main(int argc, char** argv) {
     for (const auto& m : g.messages) (m.packed ? packed : direct) += 1;
     std::printf("  clone rank %u forwards clone rank %u, of layer fc%u: %6llu bytes in %llu+%llu messages\n", g.source, g.clone, g.layer + 1,
                 (unsigned long long)g.bytes, (unsigned long long)direct, (unsigned long long)packed);
+  }
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    const auto& r = reports[k];
+    std::printf("clone rank %u: decision after %.1f ms, ready after %.1f ms (layers at %.1f and %.1f ms); %llu bytes from sources, "
+                "%llu from clone ranks, of %llu wanted\n",
+                k, r.agreement_s * 1e3, r.readiness_s * 1e3, r.layer_ready_s[0] * 1e3, r.layer_ready_s[1] * 1e3,
+                (unsigned long long)r.bytes_from_sources, (unsigned long long)r.bytes_from_clones, (unsigned long long)r.wanted_bytes);
   }
   std::printf("the sources agreed to fork after step %llu and trained on during the transfer; waiting for a layer in flight\n"
               "before updating it took %.3f, %.3f, %.3f, %.3f ms\n",

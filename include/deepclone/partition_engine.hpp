@@ -44,6 +44,7 @@
 #include "partition_declaration.hpp"
 #include "partition_job.hpp"
 #include "partition_transfer.hpp"
+#include "report.hpp"
 
 namespace deepclone {
 
@@ -501,6 +502,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
   /// Asks the coordinator for a fork (once per wait()).
   void request() {
     if (requested_) return;
+    requested_at_ = detail::clock::now();
     trailing_.poll(comm_);
     trailing_.compact();
     // Its hello to every source first, naming the request: they send at once when the fork
@@ -522,18 +524,23 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
     request();
     const auto d = await_decision();
     requested_ = false;
+    partition_report r;
+    r.session = d.session, r.iteration = d.iteration, r.agreement_s = seconds_since_request();
     try {
       if (d.epoch >= tags_.epochs)
         throw error(errc::plan_mismatch, who() + ": the sources chose tag block " + std::to_string(d.epoch) + " of " +
                                              std::to_string(tags_.epochs) + " (settings.tag_base or tag_epochs differ)");
-      receive(d);
+      receive(d, r);
     } catch (const error& e) {
       request_.cancel_session(d.session, e.kind());
       throw;
     }
     request_.joined(d.session);
+    report_ = std::move(r);
     return d.iteration;
   }
+  /// This rank's figures of its last fork whose wait() returned (empty before the first).
+  const partition_report& report() const noexcept { return report_; }
 
  private:
   std::string who() const { return "clone rank " + std::to_string(comm_.rank()); }
@@ -584,8 +591,11 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
                                            " (the global shapes and dtypes must agree)");
   }
 
-  /// Receives this rank's parts of fork `d`, listening for a source's failure status.
-  void receive(const detail::decision_msg& d) {
+  double seconds_since_request() const { return std::chrono::duration<double>(detail::clock::now() - requested_at_).count(); }
+
+  /// Receives this rank's parts of fork `d`, listening for a source's failure status; fills
+  /// in `out` what the transfer did.
+  void receive(const detail::decision_msg& d, partition_report& out) {
     const auto& r = job_.ranks();
     struct statuses {
       Comm& c;
@@ -598,7 +608,9 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
     partition_receiver<Comm, Checksum, Memory> in(comm_, job_.route(tags_.transfer(d.epoch), d.session), index_, parts_);
     detail::idler<Comm> idle(comm_);
     const auto deadline = detail::clock::now() + s_.timeout;
+    out.layer_ready_s.assign(job_.global().layer_count(), -1.0);
     for (idle.mark(); !in.progress(); idle.mark()) {
+      note_ready_layers(in, out);
       for (std::uint32_t i = 0; i < st.slots.size(); ++i) take_status(st.slots[i], i, d.session, in);
       in.presume_silent_failed();
       trailing_.poll(comm_);
@@ -607,6 +619,24 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
                                        " did not arrive within settings.timeout");
       idle.idle(deadline);
     }
+    note_ready_layers(in, out);
+    out.readiness_s = seconds_since_request();
+    complete_report(in, out);
+  }
+  /// What the completed transfer `in` did, into `out`.
+  void complete_report(const partition_receiver<Comm, Checksum, Memory>& in, partition_report& out) const {
+    out.wanted_bytes = job_.groups().bytes_received_by_clone(index_);
+    for (auto g : job_.groups().forwarded_to_clone(index_)) out.wanted_bytes += job_.groups().forwards()[g].bytes;
+    const auto v = in.verified();
+    out.bytes_from_sources = v.from_sources, out.bytes_from_clones = v.from_clones;
+    out.failed_sources = in.failed_sources();
+    out.refetched_forwarders = in.refetched_forwarders();
+    out.stale_groups = in.stale_groups();
+  }
+  /// Stamps each layer whose wanted bytes all became verified since the last call.
+  void note_ready_layers(const partition_receiver<Comm, Checksum, Memory>& in, partition_report& r) const {
+    for (std::uint32_t l = 0; l < r.layer_ready_s.size(); ++l)
+      if (r.layer_ready_s[l] < 0 && in.layer_done(l)) r.layer_ready_s[l] = seconds_since_request();
   }
   /// Source `i`'s status for fork `session` (garbage and other forks' are dropped): a source
   /// that cannot serve it is failed over to the other holders of its bytes (with failover;
@@ -638,6 +668,8 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
   detail::outbox<Comm> trailing_;
   detail::clone_request<Comm> request_;
   bool requested_ = false;
+  detail::clock::time_point requested_at_{};
+  partition_report report_{};
 };
 
 }  // namespace deepclone

@@ -351,6 +351,25 @@ class partition_receiver {
   bool layer_done(std::uint32_t l) const { return unverified_.at(l) == 0; }
   /// Groups an earlier transfer on the same tags had left queued, dropped (and received again).
   std::size_t stale_groups() const noexcept { return stale_groups_; }
+  /// Bytes of the groups verified so far: sent by sources, and forwarded by clone ranks.
+  struct verified_bytes {
+    std::uint64_t from_sources = 0, from_clones = 0;
+  };
+  verified_bytes verified() const {
+    verified_bytes v;
+    for (const auto& in : incoming_)
+      if (in.verified) (in.group->forwarded ? v.from_clones : v.from_sources) += in.group->bytes;
+    return v;
+  }
+  /// Sources presumed failed (with failover), whose bytes come from other holders.
+  std::vector<std::uint32_t> failed_sources() const {
+    std::vector<std::uint32_t> out;
+    for (std::uint32_t s = 0; failover_ && s < route_.ranks.source_count(); ++s)
+      if (failover_->failed(s)) out.push_back(s);
+    return out;
+  }
+  /// Clone ranks whose forwards this rank asked of the sources instead (sharing, failover).
+  const std::vector<std::uint32_t>& refetched_forwarders() const noexcept { return refetched_forwarders_; }
   /// Presumes `sources` failed: withdraws the receives of their groups still missing, tells
   /// every source, and receives those groups' bytes from live holders instead
   /// (route.failover). Sources already presumed failed are skipped. Throws
@@ -592,6 +611,7 @@ class partition_receiver {
       }
     if (!lost.empty()) {
       auto more = failover_->refetch(forwarder, std::move(layers));  // throws: nothing withdrawn
+      add_once(refetched_forwarders_, forwarder);
       const auto& kept = replacements_.emplace_back(std::move(more.groups));
       for (auto gi : kept.received_by_clone(clone_)) post_group(kept.groups()[gi], more.round, true);
       for (auto* in : lost) {  // once the replacements are posted and counted
@@ -657,6 +677,7 @@ class partition_receiver {
   std::vector<std::span<std::byte>> tensors_;
   [[no_unique_address]] Memory memory_{};
   std::size_t stale_groups_ = 0;
+  std::vector<std::uint32_t> refetched_forwarders_;
   std::deque<incoming> incoming_;  // a deque: receives write into its elements' buffers, which must not move
   std::vector<std::uint32_t> unverified_;                    // per layer: groups not verified nor replaced
   std::vector<std::uint32_t> from_sources_;                  // per layer: of those, the ones this rank's forwards wait for (gates_forwards)

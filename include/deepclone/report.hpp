@@ -1,7 +1,8 @@
 #pragma once
 /// \file report.hpp
 /// What a clone reports: the three metrics of docs/metrics.md, per-layer ready times and
-/// per-rank byte counts. Times are seconds.
+/// per-rank byte counts; and what a clone rank of a partitioned fork reports of itself.
+/// Times are seconds.
 
 #include <cmath>
 #include <cstddef>
@@ -44,6 +45,28 @@ struct progress {
   std::uint64_t bytes_total = 0;         ///< tensor bytes of the state
   double seconds = 0;                    ///< since request()
   bool complete = false;                 ///< the whole state is verified: the last call of the session
+};
+
+/// What a clone rank of a partitioned fork reports of its last fork that completed
+/// (`partition_engine::clone::report()`): its own figures. Times are seconds from its
+/// request. Byte counts are of messages verified and in place; with no failover and no
+/// sharing all of them come from the sources, and together they are `wanted_bytes`.
+struct partition_report {
+  std::uint64_t session = 0;
+  std::uint64_t iteration = 0;           ///< k: the parts hold the sources' bytes at the end of iteration k
+  std::uint64_t wanted_bytes = 0;        ///< bytes of the global state this clone rank wants
+  std::uint64_t bytes_from_sources = 0;  ///< verified bytes sent by sources (failover replacements included)
+  std::uint64_t bytes_from_clones = 0;   ///< verified bytes forwarded by other clone ranks (partition_sharing::exchange)
+  double agreement_s = 0;                ///< request until the fork decision arrived
+  /// Request until wait() returned: every wanted byte verified and in place, and (with
+  /// sharing, failover) this rank's forwards and acknowledgements delivered.
+  double readiness_s = 0;
+  /// Request until each layer's wanted bytes were verified and in place (about the
+  /// decision's time for a layer this rank wants none of).
+  std::vector<double> layer_ready_s;
+  std::vector<std::uint32_t> failed_sources;        ///< sources presumed failed; their bytes came from other holders
+  std::vector<std::uint32_t> refetched_forwarders;  ///< clone ranks whose forwards came from the sources instead
+  std::size_t stale_groups = 0;  ///< groups an earlier fork left queued on these tags, dropped and received again
 };
 
 struct report {

@@ -47,6 +47,7 @@ struct outcome {
   std::vector<std::vector<bool>> exact;        ///< per clone rank and fork
   std::vector<std::uint64_t> completed, failed;  ///< per source
   std::vector<std::string> errors;
+  std::vector<std::vector<dc::partition_report>> reports{};  ///< per clone rank, the report of each fork
 };
 
 /// What a clone rank does in `run` instead of forking `o.forks` times with one clone object.
@@ -61,7 +62,7 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
   dc::partition_job job(r, s.lay, s.src, s.dst, {.sharing = o.sharing});
   dc::inproc::world w(int(n + m));
   outcome out{std::vector<std::vector<std::uint64_t>>(m), std::vector<std::vector<bool>>(m), std::vector<std::uint64_t>(n),
-              std::vector<std::uint64_t>(n), {}};
+              std::vector<std::uint64_t>(n), {}, std::vector<std::vector<dc::partition_report>>(m)};
   std::atomic<int> clones_done{0};
   std::mutex mu;
   std::vector<std::thread> ranks;
@@ -98,6 +99,7 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
           std::this_thread::sleep_for(3ms);  // the sources train meanwhile
           const auto k = dst.wait();
           out.ks[j].push_back(k), out.exact[j].push_back(exact(s, j, own, k));
+          out.reports[j].push_back(dst.report());
         }
       });
       ++clones_done;
@@ -138,6 +140,33 @@ TEST_CASE("partition engine: the trainer's collective agrees on k; every clone b
       CAPTURE(int(sharing));
       check_exact(run<collective_engine>(sc.s, {.sharing = sharing, .forks = 2}), 2);
     }
+}
+
+TEST_CASE("partition engine: each clone rank reports its fork: k, times from its request, and the bytes by origin") {
+  for (auto sharing : {dc::partition_sharing::none, dc::partition_sharing::exchange}) {
+    CAPTURE(int(sharing));
+    const auto s = zero1();
+    const auto o = run<collective_engine>(s, {.sharing = sharing, .forks = 2});
+    check_exact(o, 2);
+    std::uint64_t forwarded = 0;
+    for (std::size_t j = 0; j < o.reports.size(); ++j)
+      for (std::size_t f = 0; f < o.reports[j].size(); ++f) {
+        const auto& r = o.reports[j][f];
+        CHECK(r.iteration == o.ks[j][f]);
+        std::uint64_t wanted = 0;  // counted from the holdings, apart from the plan
+        for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) wanted += brute_map(s.lay.tensor(t), s.dst[j].of_tensor[t]).size();
+        CHECK(r.wanted_bytes == wanted);
+        CHECK(r.bytes_from_sources + r.bytes_from_clones == wanted);
+        forwarded += r.bytes_from_clones;
+        CHECK(r.agreement_s >= 0);
+        CHECK(r.readiness_s >= r.agreement_s);
+        REQUIRE(r.layer_ready_s.size() == s.lay.layer_count());
+        for (double t : r.layer_ready_s) CHECK((t >= r.agreement_s && t <= r.readiness_s));
+        CHECK(r.failed_sources.empty());
+        CHECK(r.refetched_forwarders.empty());
+      }
+    CHECK((sharing == dc::partition_sharing::exchange) == (forwarded > 0));
+  }
 }
 
 TEST_CASE("partition engine: parts the host cannot address fork exactly through a staging Memory policy, fork after fork") {
@@ -486,20 +515,24 @@ TEST_CASE("partition engine: a fork given up leaves bytes queued; the next fork 
   const std::vector<std::span<std::byte>> parts{own[0], own[1]};
   auto impatient = set;
   impatient.timeout = 250ms;
+  bool exercised = false;
   try {
     coordinator_engine::clone(c, job, parts, impatient).wait();
     FAIL("the impatient clone rank completed");
   } catch (const dc::error& e) {  // on a loaded machine the decision itself may come too late: then nothing is left queued
-    WARN_MESSAGE(std::string(e.what()).find("did not arrive") != std::string::npos, "not exercised: " << e.what());
+    exercised = std::string(e.what()).find("did not arrive") != std::string::npos;
+    WARN_MESSAGE(exercised, "not exercised: " << e.what());
   }
   std::this_thread::sleep_for(600ms);
   slow = false;
   std::uint64_t k = 0;
-  CHECK_NOTHROW(k = coordinator_engine::clone(c, job, parts, set).wait());
+  coordinator_engine::clone second(c, job, parts, set);
+  CHECK_NOTHROW(k = second.wait());
   stop = true;
   source.join();
   CHECK(int(own[0][0]) == int(std::uint8_t(k)));
   CHECK(int(own[1][0]) == int(std::uint8_t(k)));
+  if (exercised) CHECK(second.report().stale_groups > 0);  // the report counts the groups dropped
 }
 
 namespace {
@@ -556,10 +589,13 @@ TEST_CASE("partition engine: a source that vanishes is failed over to its replic
   std::vector<std::vector<std::byte>> own(2, std::vector<std::byte>(16384, std::byte{0xEE}));
   const std::vector<std::span<std::byte>> parts{own[0], own[1]};
   std::uint64_t k = 0;
-  CHECK_NOTHROW(k = coordinator_engine::clone(c, *j.job, parts, set).wait());  // before: timed out, never presumed source 1 failed
+  coordinator_engine::clone dst(c, *j.job, parts, set);
+  CHECK_NOTHROW(k = dst.wait());  // before: timed out, never presumed source 1 failed
   stop = true;
   source.join();
   for (const auto& t : own) CHECK(std::all_of(t.begin(), t.end(), [&](std::byte b) { return b == std::byte(k); }));
+  CHECK(dst.report().failed_sources == std::vector<std::uint32_t>{1});  // the report says whose bytes came from a replica
+  CHECK(dst.report().bytes_from_sources == dst.report().wanted_bytes);
 }
 
 TEST_CASE("partition engine: a follower that learns of a fork after its clone rank gave up ends it at once, not after a timeout") {
