@@ -411,7 +411,7 @@ class clone_engine {
     reset_transfer();
     figures_.open(comm_, roles_, index_, settings_.tag_base);  // every source's status, every other clone rank's summary
     digests_.open(comm_, roles_.sources, settings_.tag_base, (d.flags & flag_verify_replicas) != 0);
-    meta_.open(comm_, roles_.sources[0], tags_, session_, k_, settings_.max_metadata_bytes);
+    meta_.open(comm_, roles_.sources[0], {tags_.meta_header(), tags_.meta()}, session_, k_, settings_.max_metadata_bytes);
     transfer_.open({&plan_, &layout_, index_, session_, k_, tags_, posted_});
   }
 

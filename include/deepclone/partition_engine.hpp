@@ -35,11 +35,13 @@
 #include "checksum.hpp"
 #include "communicator.hpp"
 #include "detail/clone_request.hpp"
+#include "detail/metadata_receive.hpp"
 #include "detail/outbox.hpp"
 #include "detail/partition_handshake.hpp"
 #include "detail/source_agreement.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
+#include "metadata.hpp"
 #include "part_memory.hpp"
 #include "partition_declaration.hpp"
 #include "partition_job.hpp"
@@ -51,19 +53,20 @@ namespace deepclone {
 namespace detail {
 
 /// A partitioned engine's tags: the agreement's control tags from `base` (as the replicated
-/// engine's), then one block of `job.transfer_tags()` per fork, rotating over `epochs` blocks
-/// so that bytes an abandoned fork left queued meet only a fork `epochs` later, whose
-/// checks catch them.
+/// engine's), then one block per fork, rotating over `epochs` blocks so that bytes an
+/// abandoned fork left queued meet only a fork `epochs` later, whose checks catch them. A
+/// block is the transfer's `job.transfer_tags()`, then the metadata's header and blob.
 struct partition_tags {
   int base = 0;
   long long block = 0;
   std::uint32_t epochs = 1;
+  static constexpr long long metadata_tags = 2;
 
   /// Throws `unsupported` when not even one block fits below the communicator's tag bound.
   template <class Comm>
   static partition_tags fit(const Comm& c, int base, const partition_job& job, std::uint32_t wanted) {
     if (base < 0) throw error(errc::invalid_argument, "settings.tag_base is " + std::to_string(base) + "; tags must not be negative");
-    const long long first = static_cast<long long>(base) + tag_epochs, block = job.transfer_tags();
+    const long long first = static_cast<long long>(base) + tag_epochs, block = job.transfer_tags() + metadata_tags;
     const long long fit = (static_cast<long long>(max_tag_of(c)) - first + 1) / block;
     if (fit < 1)
       throw error(errc::unsupported, "partitioned fork: " + std::to_string(job.global().layer_count()) + " layers need tags up to " +
@@ -72,6 +75,9 @@ struct partition_tags {
     return {base, block, static_cast<std::uint32_t>(std::min<long long>(fit, std::max<std::uint32_t>(wanted, 1)))};
   }
   int transfer(std::uint32_t epoch) const { return static_cast<int>(base + tag_epochs + epoch * block); }
+  /// The metadata's header and blob tags of block `epoch`, after the transfer's.
+  int metadata_header(std::uint32_t epoch) const { return static_cast<int>(transfer(epoch) + block - metadata_tags); }
+  int metadata_blob(std::uint32_t epoch) const { return metadata_header(epoch) + 1; }
 };
 
 /// `index` (roles::source_index or clone_index of this rank), or `invalid_argument` naming the role.
@@ -122,10 +128,13 @@ class partition_engine {
     std::chrono::nanoseconds timeout = std::chrono::seconds(60);
     /// Trainer-collective agreements: how long a source waits for the coordinator's decision.
     std::chrono::nanoseconds failover_after = std::chrono::seconds(10);
-    /// Tags [tag_base, tag_base + 16 + tag_epochs x job.transfer_tags()) are the engine's.
+    /// Tags [tag_base, tag_base + 16 + tag_epochs x (job.transfer_tags() + 2)) are the engine's.
     int tag_base = 1000;
     /// Consecutive forks use different blocks of tags (fewer where the tag bound allows fewer).
     std::uint32_t tag_epochs = 16;
+    /// Clone ranks: the largest metadata blob a source may announce (a larger announcement
+    /// fails the fork as corrupt before anything is allocated).
+    std::uint64_t max_metadata_bytes = std::uint64_t{1} << 30;
   };
 
   /// The sources' and clone ranks' plan key: what the coordinator compares before a fork
@@ -205,20 +214,19 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
     progress();
   }
   /// At the end of every iteration, steps increasing by one. A layer the fork iteration did
-  /// not update is final too and leaves here.
+  /// not update is final too and leaves here. `m`: the trainer's metadata as of this step
+  /// (data cursor, RNG, hyper-parameters, user bytes); source 0's of iteration k goes to
+  /// every clone rank with the fork (its `step` is set to k). Only source 0 keeps a copy.
+  void end_iteration(std::uint64_t step, const deepclone::metadata& m) {
+    outside_update("end_iteration()");
+    if (index_ == 0) meta_ = m;
+    end_step(step);
+  }
+  /// Without metadata: the clone ranks receive only the step.
   void end_iteration(std::uint64_t step) {
     outside_update("end_iteration()");
-    if (last_ && step != *last_ + 1)
-      throw error(errc::hook_order, "end_iteration(" + std::to_string(step) + ") after end_iteration(" + std::to_string(*last_) +
-                                        "): steps must increase by one");
-    const bool fork_iteration = session_ && step == session_->d.iteration;
-    last_ = step, touched_ = false;
-    std::fill(updated_.begin(), updated_.end(), 0);
-    last_order_.swap(order_), order_.clear();
-    for (std::size_t l = 0; fork_iteration && l < updated_.size() && session_; ++l) send(l);
-    progress();
-    if constexpr (!Agreement::trainer_collective)
-      if (!session_) s_.agreement.end_iteration(*agreement_, step);
+    if (index_ == 0) meta_ = {};
+    end_step(step);
   }
   /// Trainer-collective agreements (agreement.hpp): this source's word for the collective,
   /// between end_iteration and the next before_update (collective: 1 on the coordinator
@@ -287,10 +295,26 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
     std::unique_ptr<sender_type> sender;
     std::vector<char> sent;  ///< per layer: handed to the sender
     std::size_t unsent = 0;
+    bool metadata_due = false;  ///< source 0, until k ended and its metadata left: the fork is not done before
     detail::clock::time_point all_sent_at{};
   };
 
   std::uint64_t current() const { return last_ ? *last_ + 1 : 0; }
+  /// end_iteration: the step order checked; k's layers not updated, and its metadata, leave.
+  void end_step(std::uint64_t step) {
+    if (last_ && step != *last_ + 1)
+      throw error(errc::hook_order, "end_iteration(" + std::to_string(step) + ") after end_iteration(" + std::to_string(*last_) +
+                                        "): steps must increase by one");
+    const bool fork_iteration = session_ && step == session_->d.iteration;
+    last_ = step, touched_ = false;
+    std::fill(updated_.begin(), updated_.end(), 0);
+    last_order_.swap(order_), order_.clear();
+    for (std::size_t l = 0; fork_iteration && l < updated_.size() && session_; ++l) send(l);
+    if (fork_iteration && session_) send_metadata();
+    progress();
+    if constexpr (!Agreement::trainer_collective)
+      if (!session_) s_.agreement.end_iteration(*agreement_, step);
+  }
   /// The hooks' order: a layer's update is closed by after_update before anything else.
   void outside_update(const char* call) const {
     if (updating_.has_value())
@@ -310,7 +334,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
   /// Serves the decided fork `d`: its sender on the fork's tags; the layers already final in
   /// k leave at once (all of them when k ended last, those updated since when k is in progress).
   void serve(const detail::decision_msg& d) override {
-    session_.emplace(session{d, nullptr, std::vector<char>(updated_.size(), 0), updated_.size(), {}});
+    session_.emplace(session{d, nullptr, std::vector<char>(updated_.size(), 0), updated_.size(), index_ == 0, {}});
     if (d.epoch >= tags_.epochs)
       return fail_session(errc::plan_mismatch, "the decision names tag block " + std::to_string(d.epoch) + " of " +
                                                    std::to_string(tags_.epochs) + ": the sources' tag settings differ");
@@ -334,6 +358,22 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
     if (d.iteration != *last_) return;
     for (std::size_t i = 0; i < last_order_.size() && session_; ++i) send(last_order_[i]);
     for (std::size_t l = 0; l < updated_.size() && session_; ++l) send(l);  // the layers it did not update
+    if (session_) send_metadata();
+  }
+  /// Source 0: sends the metadata of k (its last end_iteration's, k having ended) to every
+  /// clone rank, a sealed header (session, k, size, checksum) before the blob.
+  void send_metadata() {
+    if (!std::exchange(session_->metadata_due, false)) return;
+    guarded([&] {
+      auto m = meta_;
+      m.step = session_->d.iteration;
+      auto blob = m.encode();
+      const detail::meta_header h{session_->d.session, session_->d.iteration, blob.size(), Checksum::compute(blob)};
+      for (int c : job_.ranks().clones) {
+        trailing_.send_owned(comm_, c, tags_.metadata_header(session_->d.epoch), h.encode());
+        trailing_.send_owned(comm_, c, tags_.metadata_blob(session_->d.epoch), blob);
+      }
+    });
   }
 
   /// Hands layer `l` of k to the sender (once).
@@ -364,7 +404,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
     trailing_.compact();
     take_cancels();
     hellos_->poll();
-    if (!session_ || session_->unsent > 0) {
+    if (!session_ || session_->unsent > 0 || session_->metadata_due) {
       if (session_) guarded([&] { session_->sender->progress(); });
       return;
     }
@@ -461,6 +501,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
   plan_key key_;
   std::vector<char> updated_;  ///< per layer: updated in the iteration in progress
   std::vector<std::uint32_t> order_, last_order_;  ///< the layers in the order updated: in the iteration in progress, in the last
+  deepclone::metadata meta_;   ///< source 0: the trainer's metadata of its last end_iteration
   bool touched_ = false;       ///< a layer's update began in the iteration in progress
   std::optional<std::size_t> updating_;  ///< the layer between its before_update and after_update
   std::optional<std::uint64_t> last_;
@@ -537,10 +578,14 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
     }
     request_.joined(d.session);
     report_ = std::move(r);
+    metadata_ = std::exchange(arrived_metadata_, std::nullopt);
     return d.iteration;
   }
   /// This rank's figures of its last fork whose wait() returned (empty before the first).
   const partition_report& report() const noexcept { return report_; }
+  /// Source 0's metadata of k (end_iteration(step, metadata)) of the last fork whose wait()
+  /// returned; none where source 0 failed before sending it (the parts came from replicas).
+  const std::optional<deepclone::metadata>& metadata() const noexcept { return metadata_; }
 
  private:
   std::string who() const { return "clone rank " + std::to_string(comm_.rank()); }
@@ -605,18 +650,31 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
       }
     } st{comm_, std::vector<detail::inbox_slot<Comm>>(r.source_count())};
     for (std::size_t i = 0; i < st.slots.size(); ++i) st.slots[i].post(comm_, r.sources[i], s_.tag_base + detail::tag_status, detail::control_bytes);
+    struct metadata_guard {  // the metadata's receives are withdrawn however this ends
+      Comm& c;
+      detail::metadata_receive<Comm, Checksum>& m;
+      ~metadata_guard() { m.cancel(c); }
+    } mg{comm_, meta_in_};
+    arrived_metadata_.reset();
+    meta_in_.open(comm_, r.sources[0], {tags_.metadata_header(d.epoch), tags_.metadata_blob(d.epoch)}, d.session, d.iteration, s_.max_metadata_bytes);
     partition_receiver<Comm, Checksum, Memory> in(comm_, job_.route(tags_.transfer(d.epoch), d.session), index_, parts_);
     detail::idler<Comm> idle(comm_);
     const auto deadline = detail::clock::now() + s_.timeout;
     out.layer_ready_s.assign(job_.global().layer_count(), -1.0);
-    for (idle.mark(); !in.progress(); idle.mark()) {
+    bool parts = false;
+    const auto complete = [&] {  // every wanted byte, and source 0's metadata unless it failed
+      parts = in.progress();
+      if (!meta_in_.done()) meta_in_.progress(comm_, arrived_metadata_);
+      return parts && (meta_in_.done() || source_zero_failed(in));
+    };
+    for (idle.mark(); !complete(); idle.mark()) {
       note_ready_layers(in, out);
       for (std::uint32_t i = 0; i < st.slots.size(); ++i) take_status(st.slots[i], i, d.session, in);
       in.presume_silent_failed();
       trailing_.poll(comm_);
       if (detail::clock::now() >= deadline)
-        throw error(errc::timeout, who() + ": the fork of iteration " + std::to_string(d.iteration) + ": " + in.missing() +
-                                       " did not arrive within settings.timeout");
+        throw error(errc::timeout, who() + ": the fork of iteration " + std::to_string(d.iteration) + ": " +
+                                       (parts ? "source 0's metadata" : in.missing()) + " did not arrive within settings.timeout");
       idle.idle(deadline);
     }
     note_ready_layers(in, out);
@@ -632,6 +690,12 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
     out.failed_sources = in.failed_sources();
     out.refetched_forwarders = in.refetched_forwarders();
     out.stale_groups = in.stale_groups();
+    out.metadata_bytes = meta_in_.done() ? meta_in_.bytes() : 0;
+  }
+  /// Whether source 0, which sends the metadata, was presumed failed (its bytes came from replicas).
+  static bool source_zero_failed(const partition_receiver<Comm, Checksum, Memory>& in) {
+    const auto f = in.failed_sources();
+    return !f.empty() && f.front() == 0;
   }
   /// Stamps each layer whose wanted bytes all became verified since the last call.
   void note_ready_layers(const partition_receiver<Comm, Checksum, Memory>& in, partition_report& r) const {
@@ -670,6 +734,8 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
   bool requested_ = false;
   detail::clock::time_point requested_at_{};
   partition_report report_{};
+  detail::metadata_receive<Comm, Checksum> meta_in_;       ///< source 0's metadata of the fork in flight
+  std::optional<deepclone::metadata> arrived_metadata_, metadata_;  ///< ... as it arrived; of the last fork returned
 };
 
 }  // namespace deepclone

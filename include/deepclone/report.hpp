@@ -57,6 +57,7 @@ struct partition_report {
   std::uint64_t wanted_bytes = 0;        ///< bytes of the global state this clone rank wants
   std::uint64_t bytes_from_sources = 0;  ///< verified bytes sent by sources (failover replacements included)
   std::uint64_t bytes_from_clones = 0;   ///< verified bytes forwarded by other clone ranks (partition_sharing::exchange)
+  std::uint64_t metadata_bytes = 0;      ///< source 0's encoded metadata of k (0 where none arrived)
   double agreement_s = 0;                ///< request until the fork decision arrived
   /// Request until wait() returned: every wanted byte verified and in place, and (with
   /// sharing, failover) this rank's forwards and acknowledgements delivered.

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <deepclone/collectives.hpp>
+#include <deepclone/fault_injection.hpp>
 #include <deepclone/inproc.hpp>
 #include <deepclone/partition_engine.hpp>
 
@@ -98,7 +99,12 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
           for (auto& t : own) std::fill(t.begin(), t.end(), std::byte{0xEE});
           std::this_thread::sleep_for(3ms);  // the sources train meanwhile
           const auto k = dst.wait();
-          out.ks[j].push_back(k), out.exact[j].push_back(exact(s, j, own, k));
+          const auto want = [&] {  // source 0's, of k
+            auto m = metadata_of(k, 0);
+            m.step = k;
+            return m;
+          }();
+          out.ks[j].push_back(k), out.exact[j].push_back(exact(s, j, own, k) && dst.metadata() == want);
           out.reports[j].push_back(dst.report());
         }
       });
@@ -109,7 +115,7 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
 }
 
 void check_exact(const outcome& o, int forks) {
-  for (const auto& e : o.errors) INFO(e);
+  for (const auto& e : o.errors) MESSAGE(e);
   REQUIRE(o.errors.empty());
   for (std::size_t j = 0; j < o.ks.size(); ++j) {
     REQUIRE(o.ks[j].size() == std::size_t(forks));
@@ -163,6 +169,7 @@ TEST_CASE("partition engine: each clone rank reports its fork: k, times from its
         REQUIRE(r.layer_ready_s.size() == s.lay.layer_count());
         for (double t : r.layer_ready_s) CHECK((t >= r.agreement_s && t <= r.readiness_s));
         CHECK(r.failed_sources.empty());
+        CHECK(r.metadata_bytes == metadata_of(r.iteration, 0).encode().size());
         CHECK(r.refetched_forwarders.empty());
       }
     CHECK((sharing == dc::partition_sharing::exchange) == (forwarded > 0));
@@ -362,7 +369,7 @@ TEST_CASE("partition engine: a clone rank that gives up fails its peers' fork cl
   };
   const auto o = run<collective_engine>(s, {}, {}, body);
   REQUIRE(first[0] == dc::errc::plan_mismatch);
-  for (const auto& e : o.errors) INFO(e);
+  for (const auto& e : o.errors) MESSAGE(e);
   REQUIRE(o.errors.empty());
   for (std::size_t j = 0; j < o.ks.size(); ++j) {
     // A peer still receiving when the sources learnt of the give-up fails with `cancelled`;
@@ -403,7 +410,7 @@ TEST_CASE("partition engine: a clone rank that vanishes after its request costs 
     if (e) out.errors.insert(out.errors.end(), mine.errors.begin(), mine.errors.end());
   };
   const auto o = run<collective_engine>(s, {}, set, body);
-  for (const auto& e : o.errors) INFO(e);
+  for (const auto& e : o.errors) MESSAGE(e);
   REQUIRE(o.errors.empty());
   for (std::size_t j = 0; j < o.ks.size(); ++j) {
     REQUIRE(o.ks[j].size() == 1);
@@ -555,11 +562,12 @@ struct small_job {
 
 /// Source `i` of `j` training `iterations` (each layer rewritten with the iteration after
 /// `pause`) under agreement::coordinator; returns its longest before_update.
-double train_small(dc::inproc::communicator c, const small_job& j, std::uint64_t iterations, std::chrono::milliseconds pause,
-                   coordinator_engine::settings set, const std::atomic<bool>& stop) {
+template <class Engine = coordinator_engine, class Comm>
+double train_small(Comm c, const small_job& j, std::uint64_t iterations, std::chrono::milliseconds pause, typename Engine::settings set,
+                   const std::atomic<bool>& stop) {
   std::vector<std::vector<std::byte>> mem(2, std::vector<std::byte>(16384));
   const std::vector<std::span<const std::byte>> parts{mem[0], mem[1]};
-  coordinator_engine::source src(c, *j.job, parts, set);
+  typename Engine::source src(c, *j.job, parts, set);
   double worst = 0;
   for (std::uint64_t it = 0; it < iterations && !stop; ++it) {
     for (std::size_t l = 2; l-- > 0;) {
@@ -576,6 +584,35 @@ double train_small(dc::inproc::communicator c, const small_job& j, std::uint64_t
 }
 
 }  // namespace
+
+TEST_CASE("partition engine: source 0's metadata corrupted in flight fails the fork, naming it; the source trains on") {
+  using faulty_comm = dc::faulty<dc::inproc::communicator>;
+  using faulty_engine = dc::partition_engine<faulty_comm, dc::agreement::coordinator>;
+  small_job j(1);
+  dc::inproc::world w(2);
+  auto faults = std::make_shared<dc::fault::plan>();
+  const auto blob = dc::metadata{}.encode().size();  // no other message from source 0 has this size
+  faults->add({.action = dc::fault::kind::corrupt, .from = 0, .to = 1, .min_size = blob, .max_size = blob, .bytes = {-1}});
+  std::atomic<bool> stop{false};
+  faulty_engine::settings set;
+  set.fork_lead = 1;
+  set.timeout = 10s;
+  std::thread source([&] { train_small<faulty_engine>(faulty_comm(w.comm(0), faults), j, 100000, 2ms, set, stop); });
+  faulty_comm c(w.comm(1), faults);
+  std::vector<std::vector<std::byte>> own(2, std::vector<std::byte>(16384, std::byte{0xEE}));
+  const std::vector<std::span<std::byte>> parts{own[0], own[1]};
+  {
+    faulty_engine::clone dst(c, *j.job, parts, set);
+    CHECK_THROWS_WITH_AS(dst.wait(), doctest::Contains("metadata of iteration"), dc::error);
+    CHECK_FALSE(dst.metadata().has_value());
+    std::uint64_t k = 0;
+    CHECK_NOTHROW(k = dst.wait());  // the next fork is exact, its metadata too (one message was corrupted)
+    REQUIRE(dst.metadata().has_value());
+    CHECK(dst.metadata()->step == k);
+  }
+  stop = true;
+  source.join();
+}
 
 TEST_CASE("partition engine: a source that vanishes is failed over to its replica; the fork completes exactly") {
   small_job j(2);
@@ -595,6 +632,8 @@ TEST_CASE("partition engine: a source that vanishes is failed over to its replic
   source.join();
   for (const auto& t : own) CHECK(std::all_of(t.begin(), t.end(), [&](std::byte b) { return b == std::byte(k); }));
   CHECK(dst.report().failed_sources == std::vector<std::uint32_t>{1});  // the report says whose bytes came from a replica
+  REQUIRE(dst.metadata().has_value());  // source 0's, which served
+  CHECK(dst.metadata()->step == k);
   CHECK(dst.report().bytes_from_sources == dst.report().wanted_bytes);
 }
 

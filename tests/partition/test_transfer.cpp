@@ -33,21 +33,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-void check_exact(const scenario& s, const dc::partition_group_options& opt, dc::partition_sharing sharing = dc::partition_sharing::none) {
-  const auto ranks = static_cast<int>(s.src.size() + s.dst.size());
-  dc::inproc::world w(ranks);
-  std::vector<dc::inproc::communicator> comms;
-  for (int r = 0; r < ranks; ++r) comms.push_back(w.comm(r));
-  std::vector<dc::inproc::communicator*> ptrs;
-  for (auto& c : comms) ptrs.push_back(&c);
-  const auto r = transfer(s, opt, ptrs, 10s, sharing);
-  for (std::size_t c = 0; c < s.dst.size(); ++c) {
-    CHECK_FALSE(r.clone_errors[c]);
-    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
-      CHECK_MESSAGE(holds_pattern(s, c, r.dst[c], t), "clone rank " << c << ", tensor " << t);
-  }
-}
-
 /// The error clone rank 0 of ZeRO-1 gets when `rule` acts on the sends of every rank.
 std::string error_with(dc::fault::rule rule, std::chrono::nanoseconds timeout, dc::errc expected) {
   const auto s = zero1();
@@ -107,19 +92,10 @@ TEST_CASE("partition transfer: gathered messages (one checksum per run) arrive b
   }
   SUBCASE("gathered and scattered by the transport") {
     for (const auto& s : {tp2_dp2(), zero1()}) {
-      const auto ranks = static_cast<int>(s.src.size() + s.dst.size());
-      dc::inproc::world w(ranks);
       auto used = std::make_shared<std::atomic<int>>(0);
-      std::vector<std::unique_ptr<gathering_inproc>> comms;
-      std::vector<gathering_inproc*> ptrs;
-      for (int r = 0; r < ranks; ++r) ptrs.push_back(comms.emplace_back(std::make_unique<gathering_inproc>(w.comm(r), used)).get());
-      const auto r = transfer(s, gather_small, ptrs);
+      ranks_of<gathering_inproc> ranks(s, [&](dc::inproc::communicator c) { return gathering_inproc(std::move(c), used); });
+      check_clones(s, transfer(s, gather_small, ranks.comms));
       CHECK(used->load() > 0);
-      for (std::size_t c = 0; c < s.dst.size(); ++c) {
-        CHECK_FALSE(r.clone_errors[c]);
-        for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
-          CHECK_MESSAGE(holds_pattern(s, c, r.dst[c], t), "clone rank " << c << ", tensor " << t);
-      }
     }
   }
 }

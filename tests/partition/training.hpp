@@ -4,6 +4,7 @@
 // name the iteration, the sources' own allreduce that carries the fork word, and the check
 // that a clone rank holds the sources' bytes of iteration k.
 #include <deepclone/collectives.hpp>
+#include <deepclone/metadata.hpp>
 #include <deepclone/roles.hpp>
 
 #include <chrono>
@@ -24,15 +25,26 @@ inline constexpr int trainer_tag = 50;  // the trainer's own allreduce, below th
 /// The value of global byte `g` of tensor `t` after iteration `it`'s update.
 inline std::byte value(std::uint64_t t, std::uint64_t g, std::uint64_t it) { return std::byte(static_cast<std::uint8_t>(g * 31 + t * 7 + 1 + it * 13)); }
 
+/// Source `r`'s metadata at the end of iteration `it` (its step is the engine's to set).
+inline dc::metadata metadata_of(std::uint64_t it, std::uint32_t r) {
+  dc::metadata m;
+  m.data_cursor = it * 1000 + r;
+  for (int i = 0; i < 8; ++i) m.rng.push_back(std::byte(static_cast<std::uint8_t>(it >> (8 * i))));
+  m.hyper["lr"] = 1.0 / static_cast<double>(it + 1);
+  m.user.assign(3, std::byte(static_cast<std::uint8_t>(r)));
+  return m;
+}
+
 /// Where the collective sits in the sources' iteration.
 enum class collective_at { boundary, after_first_update, none };
 
 /// One source rank's trainer: its own parts, rewritten per layer each iteration.
 class trainer {
  public:
-  trainer(const scenario& s, std::uint32_t r) : s_(s), own_(own_tensors(s.lay, s.src[r], false)) {
+  trainer(const scenario& s, std::uint32_t r) : s_(s), rank_(r), own_(own_tensors(s.lay, s.src[r], false)) {
     for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t) maps_.push_back(brute_map(s.lay.tensor(t), s.src[r].of_tensor[t]));
   }
+  std::uint32_t rank() const { return rank_; }
   std::vector<std::vector<std::byte>>& own() { return own_; }
   std::vector<std::span<const std::byte>> parts() {
     std::vector<std::span<const std::byte>> p;
@@ -52,6 +64,7 @@ class trainer {
 
  private:
   const scenario& s_;
+  std::uint32_t rank_;  // the source index
   std::vector<std::vector<std::byte>> own_;
   std::vector<byte_map> maps_;
 };
@@ -82,7 +95,7 @@ void train(Comm& c, const scenario& s, const dc::roles& r, typename Engine::sour
         if (at == collective_at::after_first_update && l + 1 == s.lay.layer_count())
           src.fork_agreed(trainer_allreduce(c, r, src.fork_word(), 0).first);
     }
-    src.end_iteration(it);
+    src.end_iteration(it, metadata_of(it, me.rank()));
     std::uint64_t word = 0;
     if constexpr (collective)
       if (at == collective_at::boundary) word = src.fork_word();

@@ -4,6 +4,8 @@
 // transport with the gathering capability. Each side's parts live where its Memory policy
 // reaches them: sealed_memory's behind sealed addresses (sealed_memory.hpp), so a transfer
 // that touched them itself would fault; any other policy's as they are.
+#include <doctest/doctest.h>
+
 #include <deepclone/inproc.hpp>
 #include <deepclone/partition_transfer.hpp>
 
@@ -128,5 +130,40 @@ run_result<Comm> transfer(const scenario& s, const dc::partition_group_options& 
   return out;
 }
 
+
+/// One communicator per rank of a fresh in-process world, each `make(inproc communicator)`.
+template <class Comm>
+struct ranks_of {
+  dc::inproc::world world;
+  std::vector<std::unique_ptr<Comm>> owned;
+  std::vector<Comm*> comms;
+  template <class Make>
+  ranks_of(const scenario& s, Make make) : world(static_cast<int>(s.src.size() + s.dst.size())) {
+    for (int r = 0; r < world.size(); ++r) comms.push_back(owned.emplace_back(std::make_unique<Comm>(make(world.comm(r)))).get());
+  }
+};
+
+/// Checks that every clone rank of `r` got every byte it wants of `s`, naming an error.
+template <class Comm>
+void check_clones(const scenario& s, const run_result<Comm>& r) {
+  for (std::size_t c = 0; c < s.dst.size(); ++c) {
+    if (r.clone_errors[c]) {
+      try {
+        std::rethrow_exception(r.clone_errors[c]);
+      } catch (const std::exception& e) {
+        FAIL_CHECK("clone rank " << c << ": " << e.what());
+      }
+    }
+    for (std::uint32_t t = 0; t < s.lay.tensor_count(); ++t)
+      CHECK_MESSAGE(holds_pattern(s, c, r.dst[c], t), "clone rank " << c << ", tensor " << t);
+  }
+}
+
+/// Moves `s` in-process, each side's parts in its Memory, and checks every clone byte.
+template <class SourceMemory = dc::host_memory, class CloneMemory = dc::host_memory>
+void check_exact(const scenario& s, const dc::partition_group_options& opt, dc::partition_sharing sharing = dc::partition_sharing::none) {
+  ranks_of<dc::inproc::communicator> ranks(s, [](dc::inproc::communicator c) { return c; });
+  check_clones(s, transfer<dc::inproc::communicator, SourceMemory, CloneMemory>(s, opt, ranks.comms, 10s, sharing));
+}
 
 }  // namespace partition_test

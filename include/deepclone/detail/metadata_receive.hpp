@@ -5,8 +5,9 @@
 /// is allocated (a peer's garbage must not make the clone allocate without bound), then the
 /// blob it announces, checked against the header's checksum. A header of an older session
 /// on the same tag block is skipped. Everything wrong with what arrives is thrown as
-/// `errc::corrupt_message`; the clone engine turns it into one clean failure. Templated on
-/// the communicator and the checksum policy only.
+/// `errc::corrupt_message`; the clone engine turns it into one clean failure. Both engines'
+/// clones use it: the replicated one on its session's tags, the partitioned one on its
+/// fork's. Templated on the communicator and the checksum policy only.
 
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +17,7 @@
 
 #include "../error.hpp"
 #include "../metadata.hpp"
-#include "clone_transfer.hpp"
+#include "clone_transfer.hpp"  // test_or_garbage
 #include "outbox.hpp"
 #include "wire.hpp"
 
@@ -27,11 +28,15 @@ class metadata_receive {
   using request_t = typename Comm::request_type;
 
  public:
+  /// The header's tag and the blob's.
+  struct tags {
+    int header = 0, blob = 0;
+  };
   /// Posts the header's receive for session `session` (iteration `k`) from rank `from`.
-  void open(Comm& c, int from, session_tags tags, std::uint64_t session, std::uint64_t k, std::uint64_t max_bytes) {
+  void open(Comm& c, int from, tags t, std::uint64_t session, std::uint64_t k, std::uint64_t max_bytes) {
     cancel(c);
-    from_ = from, tags_ = tags, session_ = session, k_ = k, max_bytes_ = max_bytes;
-    header_.post(c, from_, tags_.meta_header(), control_bytes);
+    from_ = from, tags_ = t, session_ = session, k_ = k, max_bytes_ = max_bytes;
+    header_.post(c, from_, tags_.header, control_bytes);
   }
   /// One round: takes the header, then the blob. True if anything arrived; the decoded
   /// metadata is handed out once, in the round that completed it.
@@ -66,7 +71,7 @@ class metadata_receive {
     if (!b) return false;
     auto h = meta_header::decode(*b);
     if (h.session != session_) {  // a stale header of an older session on this tag block
-      header_.post(c, from_, tags_.meta_header(), control_bytes);
+      header_.post(c, from_, tags_.header, control_bytes);
       return true;
     }
     if (h.iteration != k_)
@@ -77,13 +82,13 @@ class metadata_receive {
                                              " bytes, more than settings.max_metadata_bytes (" + std::to_string(max_bytes_) + ")");
     expect_ = h;
     blob_.assign(static_cast<std::size_t>(h.bytes), std::byte{0});
-    req_ = c.irecv(from_, tags_.meta(), blob_);
+    req_ = c.irecv(from_, tags_.blob, blob_);
     posted_ = true;
     return true;
   }
 
   int from_ = 0;
-  session_tags tags_;
+  tags tags_;
   std::uint64_t session_ = 0, k_ = 0, max_bytes_ = 0;
   inbox_slot<Comm> header_;
   std::vector<std::byte> blob_;
