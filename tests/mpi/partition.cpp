@@ -9,7 +9,7 @@
 // where the adapter's piece size makes it stage them. Last, the partitioned engine
 // (partition_engine.hpp): sources that train and agree on k in their own allreduce (or
 // through the coordinator), clone ranks that fork twice and check every byte against the
-// sources' of k.
+// sources' of k, and the metadata against source 0's of k.
 #include <deepclone/integrations/boost_mpi.hpp>
 #include <deepclone/partition_engine.hpp>
 #include <deepclone/partition_transfer.hpp>
@@ -98,6 +98,7 @@ void fork_while_training(dc::mpi::communicator& c, const scenario& s, dc::partit
       for (auto& t : own) std::fill(t.begin(), t.end(), std::byte{0xEE});
       ks[f] = dst.wait();
       CHECK_MESSAGE(exact(s, me - n, own, ks[f]), "clone rank " << me - n << ", fork " << f << " at iteration " << ks[f]);
+      CHECK_MESSAGE(dst.metadata() == fork_metadata(ks[f]), "clone rank " << me - n << ": not source 0's metadata of iteration " << ks[f]);
       if (f > 0) CHECK(ks[f] > ks[f - 1]);
     }
     auto r = c.isend(0, finished_tag, std::as_bytes(std::span(ks).first(forks)));

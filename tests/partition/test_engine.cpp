@@ -99,12 +99,7 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
           for (auto& t : own) std::fill(t.begin(), t.end(), std::byte{0xEE});
           std::this_thread::sleep_for(3ms);  // the sources train meanwhile
           const auto k = dst.wait();
-          const auto want = [&] {  // source 0's, of k
-            auto m = metadata_of(k, 0);
-            m.step = k;
-            return m;
-          }();
-          out.ks[j].push_back(k), out.exact[j].push_back(exact(s, j, own, k) && dst.metadata() == want);
+          out.ks[j].push_back(k), out.exact[j].push_back(exact(s, j, own, k) && dst.metadata() == fork_metadata(k));
           out.reports[j].push_back(dst.report());
         }
       });

@@ -35,6 +35,13 @@ inline dc::metadata metadata_of(std::uint64_t it, std::uint32_t r) {
   return m;
 }
 
+/// The metadata a clone rank receives with fork iteration `k`: source 0's, its step k.
+inline dc::metadata fork_metadata(std::uint64_t k) {
+  auto m = metadata_of(k, 0);
+  m.step = k;
+  return m;
+}
+
 /// Where the collective sits in the sources' iteration.
 enum class collective_at { boundary, after_first_update, none };
 
