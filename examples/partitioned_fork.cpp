@@ -13,10 +13,12 @@
 // bytes held by several sources over them; with --share the clone ranks forward each other
 // what both want). The sources train on at once: the next step's passes only read the
 // layers, and before a step updates a layer still in flight its before_update waits (the
-// window rule). The example prints what moved from where, checks every byte of every clone
-// against the sources' state after step k (assembled here from this file's own index
-// arithmetic, not through the library's), and evaluates the clone's unpartitioned model
-// against the sources' partitioned one. Exit status 1 on any difference.
+// window rule). Each step's metadata (the data cursor, the hyper-parameters) goes with
+// end_iteration; the clone ranks receive source 0's of k. The example prints what moved from
+// where and each clone rank's report, checks every byte of every clone against the sources'
+// state after step k (assembled here from this file's own index arithmetic, not through the
+// library's) and its data cursor, and evaluates the clone's unpartitioned model against the
+// sources' partitioned one. Exit status 1 on any difference.
 #include <deepclone/collectives.hpp>
 #include <deepclone/inproc.hpp>
 #include <deepclone/partition_engine.hpp>
@@ -225,6 +227,7 @@ int main(int argc, char** argv) {
   double clone_loss[2] = {0, 0}, wait_s[4] = {0, 0, 0, 0};
   std::uint64_t fork_k[2] = {0, 0};
   dc::partition_report reports[2];
+  std::uint64_t cursor[2] = {0, 0};  // each clone rank's data cursor, from source 0's metadata of k
   std::atomic<int> clones_done{0};
   std::vector<std::thread> ranks;
   for (std::uint64_t r = 0; r < 4; ++r)
@@ -244,7 +247,10 @@ int main(int argc, char** argv) {
       } hooks{engine};
       for (std::uint64_t s = 0; s < max_steps; ++s) {
         me.step(c, s, hooks);
-        engine.end_iteration(s);
+        dc::metadata m;  // what a clone needs to resume: where the data goes on, the hyper-parameters
+        m.data_cursor = (s + 1) * 2;  // step s read samples 2s and 2s + 1
+        m.hyper = {{"lr", 0.05}, {"momentum", 0.9}};
+        engine.end_iteration(s, m);
         after_step[r].push_back(me.own);
         const double loss = me.forward_backward(c, 999, nullptr);  // every TP pair evaluates the same batch
         if (r == 0) source_loss.push_back(loss);
@@ -265,6 +271,7 @@ int main(int argc, char** argv) {
       cloning::clone engine(c, job, bytes_of(clone_state[k]));
       fork_k[k] = engine.wait();
       reports[k] = engine.report();
+      cursor[k] = engine.metadata() ? engine.metadata()->data_cursor : 0;
       clone_loss[k] = evaluate_whole(clone_state[k], 999);
       ++clones_done;
     });
@@ -312,9 +319,12 @@ int main(int argc, char** argv) {
       }
   std::printf("every byte of both clone ranks %s the sources' state after step %llu\n", exact ? "equals" : "does NOT equal",
               (unsigned long long)k);
+  const bool resumes = cursor[0] == (k + 1) * 2 && cursor[1] == cursor[0];
+  std::printf("the clone ranks' metadata: data cursor %llu and %llu (%s)\n", (unsigned long long)cursor[0], (unsigned long long)cursor[1],
+              resumes ? "the sample after step k" : "NOT the sample after step k");
   const double loss = source_loss[k];
   std::printf("evaluation loss: sources (TP2 x DP2, partitioned) %.15f, clone ranks (TP1) %.15f %.15f\n", loss, clone_loss[0], clone_loss[1]);
   const bool same_model = std::abs(clone_loss[0] - loss) <= 1e-12 * std::abs(loss) && clone_loss[0] == clone_loss[1];
   if (!same_model) std::printf("the clone's model does not compute the sources' loss\n");
-  return exact && same_model ? 0 : 1;
+  return exact && same_model && resumes ? 0 : 1;
 }
