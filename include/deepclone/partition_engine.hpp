@@ -197,7 +197,11 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
     if (updated_[l])
       throw error(errc::hook_order, "before_update(" + std::to_string(l) + "): layer '" + job_.global().layers()[l].name +
                                         "' was updated in this iteration already (one update per layer and iteration)");
-    if (session_ && session_->sent[l]) hold_until_sent(l);
+    if (session_ && session_->sent[l]) {
+      const auto t0 = detail::clock::now();
+      hold_until_sent(l);
+      if (session_) session_->held_s += std::chrono::duration<double>(detail::clock::now() - t0).count();
+    }
     touched_ = true, updating_ = l;
     order_.push_back(static_cast<std::uint32_t>(l));
   }
@@ -287,6 +291,8 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
   std::uint64_t forks_failed() const noexcept { return failed_; }
   /// Why the last failed or refused fork ended so (the source itself trained on).
   const failure& last_failure() const noexcept { return last_failure_; }
+  /// This source's figures of the last fork it served, completed or failed (empty before).
+  const partition_source_report& last_fork() const noexcept { return last_fork_; }
 
  private:
   using sender_type = partition_sender<Comm, Checksum, Memory>;
@@ -297,6 +303,8 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
     std::size_t unsent = 0;
     bool metadata_due = false;  ///< source 0, until k ended and its metadata left: the fork is not done before
     detail::clock::time_point all_sent_at{};
+    detail::clock::time_point decided_at = detail::clock::now();
+    double held_s = 0;  ///< before_update waiting for layers in flight
   };
 
   std::uint64_t current() const { return last_ ? *last_ + 1 : 0; }
@@ -412,7 +420,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
     if (!guarded([&] { done = session_->sender->done(); })) return;
     if (done) {
       ++completed_;
-      end_session();
+      end_session(true);
     } else if (detail::clock::now() - session_->all_sent_at > s_.timeout) {
       fail_session(errc::timeout, "source " + std::to_string(index_) + ": the fork of iteration " + std::to_string(session_->d.iteration) +
                                       " was not acknowledged within settings.timeout");
@@ -485,9 +493,11 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
     }
     if (session_->sender) session_->sender->cancel();
     fork_failed(failure{code, why});
-    end_session();
+    end_session(false);
   }
-  void end_session() {
+  void end_session(bool completed) {
+    last_fork_ = {session_->d.session, session_->d.iteration, completed, session_->held_s,
+                  std::chrono::duration<double>(detail::clock::now() - session_->decided_at).count()};
     session_.reset();
     agreement_->post();
   }
@@ -513,6 +523,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
   std::optional<session> session_;
   std::uint64_t word_ = 0, completed_ = 0, failed_ = 0;
   failure last_failure_{};
+  partition_source_report last_fork_{};
   bool finished_ = false;
 };
 

@@ -70,6 +70,16 @@ struct partition_report {
   std::size_t stale_groups = 0;  ///< groups an earlier fork left queued on these tags, dropped and received again
 };
 
+/// What a source of a partitioned fork reports of the last fork it served
+/// (`partition_engine::source::last_fork()`): its cost to the trainer. Times are seconds.
+struct partition_source_report {
+  std::uint64_t session = 0;
+  std::uint64_t iteration = 0;  ///< k
+  bool completed = false;       ///< false: the fork failed (last_failure() says why); the source trained on
+  double held_s = 0;            ///< its before_update hooks waited for layers still in flight (the window rule)
+  double served_s = 0;          ///< from the decision until the fork ended here (acknowledged, or failed)
+};
+
 struct report {
   std::uint64_t session = 0;
   std::uint64_t iteration = 0;         ///< k: the clone holds the state at the end of iteration k

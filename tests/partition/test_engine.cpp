@@ -49,6 +49,7 @@ struct outcome {
   std::vector<std::uint64_t> completed, failed;  ///< per source
   std::vector<std::string> errors;
   std::vector<std::vector<dc::partition_report>> reports{};  ///< per clone rank, the report of each fork
+  std::vector<dc::partition_source_report> last_forks{};    ///< per source, its figures of its last fork
 };
 
 /// What a clone rank does in `run` instead of forking `o.forks` times with one clone object.
@@ -63,7 +64,8 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
   dc::partition_job job(r, s.lay, s.src, s.dst, {.sharing = o.sharing});
   dc::inproc::world w(int(n + m));
   outcome out{std::vector<std::vector<std::uint64_t>>(m), std::vector<std::vector<bool>>(m), std::vector<std::uint64_t>(n),
-              std::vector<std::uint64_t>(n), {}, std::vector<std::vector<dc::partition_report>>(m)};
+              std::vector<std::uint64_t>(n), {}, std::vector<std::vector<dc::partition_report>>(m),
+              std::vector<dc::partition_source_report>(n)};
   std::atomic<int> clones_done{0};
   std::mutex mu;
   std::vector<std::thread> ranks;
@@ -85,6 +87,7 @@ outcome run(const scenario& s, const run_options& o, typename Engine::settings s
         train<Engine>(c, s, r, src, me, [&] { return clones_done.load() == int(m); }, o.at);
         src.finish();
         out.completed[i] = src.forks_completed(), out.failed[i] = src.forks_failed();
+        out.last_forks[i] = src.last_fork();
       });
     });
   for (std::uint32_t j = 0; j < m; ++j)
@@ -143,7 +146,7 @@ TEST_CASE("partition engine: the trainer's collective agrees on k; every clone b
     }
 }
 
-TEST_CASE("partition engine: each clone rank reports its fork: k, times from its request, and the bytes by origin") {
+TEST_CASE("partition engine: each clone rank reports its fork (k, times, bytes by origin), each source its cost") {
   for (auto sharing : {dc::partition_sharing::none, dc::partition_sharing::exchange}) {
     CAPTURE(int(sharing));
     const auto s = zero1();
@@ -168,6 +171,13 @@ TEST_CASE("partition engine: each clone rank reports its fork: k, times from its
         CHECK(r.refetched_forwarders.empty());
       }
     CHECK((sharing == dc::partition_sharing::exchange) == (forwarded > 0));
+    for (const auto& f : o.last_forks) {  // each source's cost of the last fork
+      CHECK(f.completed);
+      CHECK(f.iteration == o.ks[0].back());
+      CHECK(f.session == o.reports[0].back().session);
+      CHECK(f.held_s >= 0);
+      CHECK(f.served_s > 0);
+    }
   }
 }
 
