@@ -49,6 +49,7 @@ class clone_engine {
   ~clone_engine() {
     if (in_flight()) tell_sources_cancel(errc::cancelled);
     abandon();
+    meta_.close(comm_);  // also the blob receives kept for forks given up
   }
 
   /// Asks the sources for a fork. Returns at once; the sources agree on the fork iteration

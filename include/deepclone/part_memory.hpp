@@ -24,7 +24,9 @@
 /// Either may throw; a send that throws is not posted, a receive whose scatter throws fails
 /// the transfer. Both run inside the hooks (a source's after_update sends the layer), so
 /// they must see the layer's final bytes there: the trainer's update of a layer must have
-/// completed (for a device, on the stream the policy copies on) before its after_update.
+/// completed (for a device: on the device, its stream synchronised) before its after_update.
+/// A staged side needs host buffers for what it sends or receives: a clone rank posts its
+/// receives at once, into buffers as large as the parts it wants.
 
 #include <concepts>
 #include <cstddef>

@@ -223,6 +223,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
   /// every clone rank with the fork (its `step` is set to k). Only source 0 keeps a copy.
   void end_iteration(std::uint64_t step, const deepclone::metadata& m) {
     outside_update("end_iteration()");
+    check_step(step);  // a refused call keeps k's metadata
     if (index_ == 0) meta_ = m;
     end_step(step);
   }
@@ -309,10 +310,13 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
 
   std::uint64_t current() const { return last_ ? *last_ + 1 : 0; }
   /// end_iteration: the step order checked; k's layers not updated, and its metadata, leave.
-  void end_step(std::uint64_t step) {
+  void check_step(std::uint64_t step) const {
     if (last_ && step != *last_ + 1)
       throw error(errc::hook_order, "end_iteration(" + std::to_string(step) + ") after end_iteration(" + std::to_string(*last_) +
                                         "): steps must increase by one");
+  }
+  void end_step(std::uint64_t step) {
+    check_step(step);
     const bool fork_iteration = session_ && step == session_->d.iteration;
     last_ = step, touched_ = false;
     std::fill(updated_.begin(), updated_.end(), 0);
@@ -547,6 +551,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
   ~clone() {
     if (requested_) request_.withdraw();
     request_.cancel();
+    meta_in_.close(comm_);
     trailing_.wait_all(comm_, std::chrono::seconds(1));
     trailing_.clear(comm_);
   }
@@ -586,6 +591,9 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
     } catch (const error& e) {
       request_.cancel_session(d.session, e.kind());
       throw;
+    } catch (const std::exception& e) {  // a Memory policy's own failure (a device copy), or out of memory
+      request_.cancel_session(d.session, errc::transport);
+      throw error(errc::transport, who() + ": the fork of iteration " + std::to_string(d.iteration) + " failed: " + e.what());
     }
     request_.joined(d.session);
     report_ = std::move(r);

@@ -104,6 +104,7 @@ class sealed_parts {
 struct sealed_memory {
   static constexpr bool host_addressable = false;
   static inline std::atomic<std::uint64_t> gathers{0}, scatters{0};
+  static inline std::atomic<int> failing_scatters{0};  ///< this many scatters throw, as a failed device copy would
 
   void gather(std::span<const std::span<const std::byte>> runs, std::span<std::byte> out) const {
     std::size_t at = 0;
@@ -115,6 +116,8 @@ struct sealed_memory {
     ++gathers;
   }
   void scatter(std::span<const std::byte> in, std::span<const std::span<std::byte>> runs) const {
+    if (failing_scatters.fetch_sub(1) > 0) throw std::runtime_error("sealed_memory: a device copy failed");
+    failing_scatters.fetch_add(1);
     std::size_t at = 0;
     for (auto r : runs) {
       if (!r.empty()) std::memcpy(sealed_table::get().real(r.data(), r.size()), in.data() + at, r.size());

@@ -193,6 +193,17 @@ TEST_CASE("partition engine: parts the host cannot address fork exactly through 
   CHECK(sealed_memory::scatters.load() > scattered);
 }
 
+TEST_CASE("partition engine: a Memory policy's own exception fails the fork as a deepclone::error; the sources train on") {
+  sealed_memory::failing_scatters = 1;
+  const auto o = run<staged_engine>(zero1(), {.forks = 1});
+  sealed_memory::failing_scatters = 0;
+  REQUIRE_FALSE(o.errors.empty());  // the clone rank whose scatter threw, and its peer's fork ended for it
+  bool named = false;
+  for (const auto& e : o.errors) named = named || (e.find("transport") != std::string::npos && e.find("a device copy failed") != std::string::npos);
+  CHECK(named);
+  for (auto f : o.failed) CHECK(f >= 1);  // every source saw the fork fail, and trained on to the end
+}
+
 TEST_CASE("partition engine: the layers of k leave at the decision; the clone ranks need no later hook of the sources") {
   // A trainer calls no hook while it computes. Each clone rank's hello came with its request,
   // so every source sends at fork_agreed and then idles (no hook) until the clone ranks are

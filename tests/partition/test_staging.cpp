@@ -30,24 +30,29 @@ namespace {
 const dc::partition_group_options gather_small{4096, 1024 * 1024, 64};
 
 /// `s` over the in-process transport with the gathering capability (a host side gathers
-/// what a staged side takes contiguously), each side's parts in its Memory.
+/// what a staged side takes contiguously), each side's parts in its Memory; returns how many
+/// gathered sends and scattered receives the host sides posted.
 template <class SourceMemory, class CloneMemory>
-void check_staged(const scenario& s, const dc::partition_group_options& opt, dc::partition_sharing sharing) {
+int check_staged(const scenario& s, const dc::partition_group_options& opt, dc::partition_sharing sharing) {
   auto used = std::make_shared<std::atomic<int>>(0);
   ranks_of<gathering_inproc> ranks(s, [&](dc::inproc::communicator c) { return gathering_inproc(std::move(c), used); });
   check_clones(s, transfer<gathering_inproc, SourceMemory, CloneMemory>(s, opt, ranks.comms, 10s, sharing));
+  return used->load();
 }
 
-/// Every layout, then randomised holdings, under `opt`.
+/// Every layout, then randomised holdings, under `opt`; returns check_staged's count, summed.
 template <class SourceMemory, class CloneMemory>
-void check_layouts(const dc::partition_group_options& opt, dc::partition_sharing sharing, int random_rounds) {
-  for (const auto& s : {zero1(), zero3(), tp2_dp2(), pipeline_2x2(true), pipeline_2x2(false)}) check_staged<SourceMemory, CloneMemory>(s, opt, sharing);
+int check_layouts(const dc::partition_group_options& opt, dc::partition_sharing sharing, int random_rounds) {
+  int gathered = 0;
+  for (const auto& s : {zero1(), zero3(), tp2_dp2(), pipeline_2x2(true), pipeline_2x2(false)})
+    gathered += check_staged<SourceMemory, CloneMemory>(s, opt, sharing);
   std::mt19937_64 rng(41);
   auto pick = [&](std::uint64_t n) { return n ? rng() % n : 0; };
   for (int round = 0; round < random_rounds; ++round) {
     CAPTURE(round);
-    check_staged<SourceMemory, CloneMemory>(random_scenario(pick), opt, sharing);
+    gathered += check_staged<SourceMemory, CloneMemory>(random_scenario(pick), opt, sharing);
   }
+  return gathered;
 }
 
 }  // namespace
@@ -58,18 +63,23 @@ TEST_CASE("staged parts: the transfer never touches them itself; every clone byt
   for (const auto& opt : {dc::partition_group_options{}, dc::partition_group_options{16, 64}, gather_small}) {
     CAPTURE(opt.direct_min_bytes);
     const auto gathered = sealed_memory::gathers.load(), scattered = sealed_memory::scatters.load();
+    // With gather_small, the host side's messages of runs travel gathered (or scattered):
+    // wire-compatible with the staged side's contiguous buffers.
+    const bool gathering = opt.direct_min_bytes == gather_small.direct_min_bytes;
     SUBCASE("staged sources, host clone ranks") {
-      check_layouts<sealed_memory, host_memory>(opt, none, 4);
+      const auto scattered_receives = check_layouts<sealed_memory, host_memory>(opt, none, 4);
       CHECK(sealed_memory::gathers.load() > gathered);
       CHECK(sealed_memory::scatters.load() == scattered);
+      if (gathering) CHECK(scattered_receives > 0);
     }
     SUBCASE("host sources, staged clone ranks") {
-      check_layouts<host_memory, sealed_memory>(opt, none, 4);
+      const auto gathered_sends = check_layouts<host_memory, sealed_memory>(opt, none, 4);
       CHECK(sealed_memory::gathers.load() == gathered);
       CHECK(sealed_memory::scatters.load() > scattered);
+      if (gathering) CHECK(gathered_sends > 0);
     }
     SUBCASE("both staged") {
-      check_layouts<sealed_memory, sealed_memory>(opt, none, 4);
+      CHECK(check_layouts<sealed_memory, sealed_memory>(opt, none, 4) == 0);  // a staged side neither gathers nor scatters
     }
   }
 }

@@ -4,15 +4,24 @@
 /// whose announced length is checked against `settings.max_metadata_bytes` before anything
 /// is allocated (a peer's garbage must not make the clone allocate without bound), then the
 /// blob it announces, checked against the header's checksum. A header of an older session
-/// on the same tag block is skipped. Everything wrong with what arrives is thrown as
+/// on the same tag block is skipped, and the blob it announced drained. The blob carries no
+/// session: blobs match receives in the order sent, so every blob source 0 sent must meet a
+/// receive of its own. A blob receive posted for a fork this rank gave up stays posted
+/// (parked) until its blob comes, rather than being withdrawn and leaving that blob for the
+/// next fork's receive (which would then fail, and leave its own for the one after, and so
+/// on). Everything wrong with what arrives is thrown as
 /// `errc::corrupt_message`; the clone engine turns it into one clean failure. Both engines'
 /// clones use it: the replicated one on its session's tags, the partitioned one on its
 /// fork's. Templated on the communicator and the checksum policy only.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
+#include <new>
+#include <span>
 #include <vector>
 
 #include "../error.hpp"
@@ -35,12 +44,14 @@ class metadata_receive {
   /// Posts the header's receive for session `session` (iteration `k`) from rank `from`.
   void open(Comm& c, int from, tags t, std::uint64_t session, std::uint64_t k, std::uint64_t max_bytes) {
     cancel(c);
+    reap(c);
     from_ = from, tags_ = t, session_ = session, k_ = k, max_bytes_ = max_bytes;
     header_.post(c, from_, tags_.header, control_bytes);
   }
   /// One round: takes the header, then the blob. True if anything arrived; the decoded
   /// metadata is handed out once, in the round that completed it.
   bool progress(Comm& c, std::optional<metadata>& out) {
+    reap(c);
     bool any = take_header(c);
     if (!posted_ || done_) return any;
     auto n = test_or_garbage(c, req_);
@@ -54,23 +65,72 @@ class metadata_receive {
   bool done() const noexcept { return done_; }
   /// The blob's size (the report's metadata_bytes).
   std::size_t bytes() const noexcept { return blob_.size(); }
-  /// Withdraws both receives: no byte is written afterwards.
+  /// Ends this fork's receive. Its header receive is withdrawn (a header that had arrived
+  /// meanwhile has its blob drained); a blob receive still pending is parked, not withdrawn.
   void cancel(Comm& c) noexcept {
-    if (posted_ && !done_) try {
-        c.cancel(req_);
-      } catch (...) {
-      }
+    if (posted_ && !done_) park(std::move(req_), std::move(blob_));
     posted_ = done_ = false;
     expect_.reset();
-    header_.cancel(c);
+    if (auto b = header_.withdraw(c)) drain_blob_of(c, *b);
+  }
+  /// Withdraws every receive, the parked ones too (the owner goes away): no byte is written
+  /// afterwards.
+  void close(Comm& c) noexcept {
+    cancel(c);
+    for (auto& p : parked_) try {
+        c.cancel(p.request);
+      } catch (...) {
+      }
+    parked_.clear();
   }
 
  private:
+  /// A blob receive kept posted for a blob this rank no longer wants: it keeps the blobs
+  /// matched to their own receives.
+  struct parked {
+    request_t request;
+    std::vector<std::byte> buffer;
+  };
+  void park(request_t&& r, std::vector<std::byte>&& b) noexcept {
+    try {
+      parked_.push_back({std::move(r), std::move(b)});
+    } catch (...) {  // out of memory: leak the buffer rather than free it under a receive
+      (void)new (std::nothrow) std::vector<std::byte>(std::move(b));
+    }
+  }
+  /// A header (sealed, from source 0) this fork does not use: its blob is drained into a
+  /// parked receive. The parked buffers stay within max_bytes in all: beyond, a blob is not
+  /// drained (the fork that meets it fails as corrupt), so no peer makes this allocate
+  /// without bound.
+  void drain_blob_of(Comm& c, std::span<const std::byte> header) noexcept {
+    try {
+      const auto h = meta_header::decode(header);
+      std::uint64_t parked_bytes = 0;
+      for (const auto& p : parked_) parked_bytes += p.buffer.size();
+      if (h.bytes > max_bytes_ - std::min(max_bytes_, parked_bytes)) return;
+      std::vector<std::byte> b(static_cast<std::size_t>(h.bytes));
+      auto r = c.irecv(from_, tags_.blob, b);
+      park(std::move(r), std::move(b));
+    } catch (...) {  // garbage, or the transport failed: nothing to drain
+    }
+  }
+  /// Forgets the parked receives that completed (or failed).
+  void reap(Comm& c) noexcept {
+    std::erase_if(parked_, [&](parked& p) {
+      try {
+        return c.test(p.request).has_value();
+      } catch (...) {
+        return true;
+      }
+    });
+  }
+
   bool take_header(Comm& c) {
     auto b = header_.test(c);
     if (!b) return false;
     auto h = meta_header::decode(*b);
-    if (h.session != session_) {  // a stale header of an older session on this tag block
+    if (h.session != session_) {  // a stale header of an older session on this tag block: its blob is drained
+      drain_blob_of(c, *b);
       header_.post(c, from_, tags_.header, control_bytes);
       return true;
     }
@@ -95,6 +155,7 @@ class metadata_receive {
   std::optional<meta_header> expect_;
   request_t req_{};
   bool posted_ = false, done_ = false;
+  std::deque<parked> parked_;  // a deque: the receives write into its elements' buffers
 };
 
 }  // namespace deepclone::detail

@@ -164,10 +164,13 @@ std::vector<segment> shard_segments(const plan& p, state<T>& st, std::uint32_t s
 /// live in Thrust's device system: every message is staged through a host buffer. `gather`
 /// copies the runs into one device staging buffer (one Thrust copy per run, on `Policy`)
 /// and that buffer to the host in one transfer; a single run goes to the host directly.
-/// `scatter` is the reverse. The staging buffer is kept for the next message. Copies run
-/// where `Policy` runs and return once done, so the bytes are final on the host when
-/// `gather` returns; the trainer's update of a layer must have completed before its
-/// after_update (on the CUDA back-end: synchronise the training stream, or copy on it).
+/// `scatter` is the reverse. The staging buffer is kept for the next message. `Policy` must
+/// be default-constructible and synchronous (`thrust::device`, the default: each algorithm
+/// returns once done; not `par_nosync`, and no stream a default-constructed policy would
+/// lose); the copies between host and device use the default stream. So the bytes are on
+/// the host when `gather` returns and in the parts when `scatter` does. The trainer's update
+/// of a layer must have completed before its after_update: on the CUDA back-end, synchronise
+/// the training stream first.
 template <class Policy = decltype(thrust::device)>
 class thrust_staging {
  public:
