@@ -199,8 +199,11 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
                                         "' was updated in this iteration already (one update per layer and iteration)");
     if (session_ && session_->sent[l]) {
       const auto t0 = detail::clock::now();
-      hold_until_sent(l);
-      if (session_) session_->held_s += std::chrono::duration<double>(detail::clock::now() - t0).count();
+      const auto id = session_->d.session;
+      hold_until_sent(l);  // may end the fork (its last acknowledgement, or a timeout)
+      const double held = std::chrono::duration<double>(detail::clock::now() - t0).count();
+      if (session_) session_->held_s += held;
+      else if (last_fork_.session == id) last_fork_.held_s += held;
     }
     touched_ = true, updating_ = l;
     order_.push_back(static_cast<std::uint32_t>(l));
@@ -230,6 +233,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
   /// Without metadata: the clone ranks receive only the step.
   void end_iteration(std::uint64_t step) {
     outside_update("end_iteration()");
+    check_step(step);
     if (index_ == 0) meta_ = {};
     end_step(step);
   }
@@ -753,7 +757,7 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::clone {
   bool requested_ = false;
   detail::clock::time_point requested_at_{};
   partition_report report_{};
-  detail::metadata_receive<Comm, Checksum> meta_in_;       ///< source 0's metadata of the fork in flight
+  detail::metadata_receive<Comm, Checksum> meta_in_{true};  ///< source 0's metadata of the fork in flight (source 0 never withdraws it)
   std::optional<deepclone::metadata> arrived_metadata_, metadata_;  ///< ... as it arrived; of the last fork returned
 };
 

@@ -1,8 +1,9 @@
 // The clone side of the sources' metadata (detail/metadata_receive.hpp), both engines'
-// component, over the in-process transport: a metadata blob that a fork given up left
-// behind, or that a stale header announced, never meets a later fork's receive (before, it
-// did, and failed that fork, whose own blob then failed the next, on that tag block for
-// good); a header announcing more than the limit is refused before anything is allocated.
+// component, over the in-process transport. Where the source sends every blob it announced
+// (keep_aligned: the partitioned engine), a blob that a fork given up left behind, or that a
+// stale header announced, never meets a later fork's receive (before, it did, and failed
+// that fork, whose own blob then failed the next, on that tag block for good); a header
+// announcing more than the limit is refused before anything is allocated.
 #include <doctest/doctest.h>
 
 #include <deepclone/checksum.hpp>
@@ -56,7 +57,7 @@ TEST_CASE("metadata receive: a blob left by a fork given up after its header doe
   dc::inproc::world w(2);
   sender s{w.comm(0), {}, {}};
   auto c = w.comm(1);
-  receive r;
+  receive r(true);
   s.header(1);
   r.open(c, 0, tags, 1, 10, limit);
   std::optional<dc::metadata> none;
@@ -75,7 +76,7 @@ TEST_CASE("metadata receive: the blob a stale header announced is drained, not t
   dc::inproc::world w(2);
   sender s{w.comm(0), {}, {}};
   auto c = w.comm(1);
-  receive r;
+  receive r(true);
   s.header(1), s.blob(1);  // a fork this rank never joined
   s.header(2), s.blob(2);
   r.open(c, 0, tags, 2, 20, limit);

@@ -4,12 +4,15 @@
 /// whose announced length is checked against `settings.max_metadata_bytes` before anything
 /// is allocated (a peer's garbage must not make the clone allocate without bound), then the
 /// blob it announces, checked against the header's checksum. A header of an older session
-/// on the same tag block is skipped, and the blob it announced drained. The blob carries no
-/// session: blobs match receives in the order sent, so every blob source 0 sent must meet a
-/// receive of its own. A blob receive posted for a fork this rank gave up stays posted
-/// (parked) until its blob comes, rather than being withdrawn and leaving that blob for the
-/// next fork's receive (which would then fail, and leave its own for the one after, and so
-/// on). Everything wrong with what arrives is thrown as
+/// on the same tag block is skipped. The blob carries no session: blobs match receives in
+/// the order sent. Where the source never withdraws a metadata send (`keep_aligned`: the
+/// partitioned engine's source sends it outside the fork's sends), every blob it sent must
+/// meet a receive of its own: a stale header's blob is drained, and the blob receive of a
+/// fork this rank gave up stays posted (parked) until its blob comes, rather than leaving
+/// that blob for the next fork's receive (which would then fail, and leave its own for the
+/// one after, and so on). Where the source withdraws it with its session (the replicated
+/// engine), a parked receive could wait for a blob that never comes and take a later one:
+/// there the receive is withdrawn too. Everything wrong with what arrives is thrown as
 /// `errc::corrupt_message`; the clone engine turns it into one clean failure. Both engines'
 /// clones use it: the replicated one on its session's tags, the partitioned one on its
 /// fork's. Templated on the communicator and the checksum policy only.
@@ -41,6 +44,8 @@ class metadata_receive {
   struct tags {
     int header = 0, blob = 0;
   };
+  /// `keep_aligned`: the source sends every blob it announced (see the file comment).
+  explicit metadata_receive(bool keep_aligned = false) noexcept : keep_aligned_(keep_aligned) {}
   /// Posts the header's receive for session `session` (iteration `k`) from rank `from`.
   void open(Comm& c, int from, tags t, std::uint64_t session, std::uint64_t k, std::uint64_t max_bytes) {
     cancel(c);
@@ -68,7 +73,13 @@ class metadata_receive {
   /// Ends this fork's receive. Its header receive is withdrawn (a header that had arrived
   /// meanwhile has its blob drained); a blob receive still pending is parked, not withdrawn.
   void cancel(Comm& c) noexcept {
-    if (posted_ && !done_) park(std::move(req_), std::move(blob_));
+    if (posted_ && !done_) {
+      if (keep_aligned_) park(std::move(req_), std::move(blob_));
+      else try {
+          c.cancel(req_);
+        } catch (...) {
+        }
+    }
     posted_ = done_ = false;
     expect_.reset();
     if (auto b = header_.withdraw(c)) drain_blob_of(c, *b);
@@ -103,6 +114,7 @@ class metadata_receive {
   /// drained (the fork that meets it fails as corrupt), so no peer makes this allocate
   /// without bound.
   void drain_blob_of(Comm& c, std::span<const std::byte> header) noexcept {
+    if (!keep_aligned_) return;
     try {
       const auto h = meta_header::decode(header);
       std::uint64_t parked_bytes = 0;
@@ -155,7 +167,8 @@ class metadata_receive {
   std::optional<meta_header> expect_;
   request_t req_{};
   bool posted_ = false, done_ = false;
-  std::deque<parked> parked_;  // a deque: the receives write into its elements' buffers
+  bool keep_aligned_ = false;
+  std::deque<parked> parked_;  // receives still write into their buffers (which moves keep in place)
 };
 
 }  // namespace deepclone::detail
