@@ -313,14 +313,14 @@ class partition_engine<Comm, Agreement, Checksum, Memory>::source final : privat
   };
 
   std::uint64_t current() const { return last_ ? *last_ + 1 : 0; }
-  /// end_iteration: the step order checked; k's layers not updated, and its metadata, leave.
+  /// end_iteration's rule: steps increase by one.
   void check_step(std::uint64_t step) const {
     if (last_ && step != *last_ + 1)
       throw error(errc::hook_order, "end_iteration(" + std::to_string(step) + ") after end_iteration(" + std::to_string(*last_) +
                                         "): steps must increase by one");
   }
+  /// end_iteration, its step checked: the layers of k not updated, and k's metadata, leave.
   void end_step(std::uint64_t step) {
-    check_step(step);
     const bool fork_iteration = session_ && step == session_->d.iteration;
     last_ = step, touched_ = false;
     std::fill(updated_.begin(), updated_.end(), 0);

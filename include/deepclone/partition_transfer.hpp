@@ -635,7 +635,7 @@ class partition_receiver {
   /// Whether message `m` is received into a buffer and unpacked once verified: a packed
   /// one that the transport does not scatter, and every message into staged parts.
   static bool lands_in_buffer(const partition_message& m) {
-    return !Memory::host_addressable || (m.packed && !detail::gathers<Comm>(m));
+    return !Memory::host_addressable || (m.packed && !detail::gathers<Comm, Memory>(m));
   }
   /// Copies the verified buffer `in` of message `m` into the own tensors (bounds-checked).
   void unpack_message(const partition_message& m, std::span<const std::byte> in) {

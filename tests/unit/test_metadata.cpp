@@ -51,13 +51,23 @@ std::optional<dc::metadata> progress_until_done(receive& r, dc::inproc::communic
   return out;
 }
 
+/// Source 0 (rank 0) and a clone rank (rank 1) whose metadata receive keeps blobs aligned.
+struct two_ranks {
+  dc::inproc::world w{2};
+  sender s{w.comm(0), {}, {}};
+  dc::inproc::communicator c = w.comm(1);
+  receive r{true};
+  ~two_ranks() { r.close(c); }
+  /// Opens fork `session` (iteration session x 10) and progresses until its metadata arrived.
+  std::optional<dc::metadata> fork(std::uint64_t session) {
+    r.open(c, 0, tags, session, session * 10, limit);
+    return progress_until_done(r, c);
+  }
+};
+
 }  // namespace
 
-TEST_CASE("metadata receive: a blob left by a fork given up after its header does not meet the next fork's receive") {
-  dc::inproc::world w(2);
-  sender s{w.comm(0), {}, {}};
-  auto c = w.comm(1);
-  receive r(true);
+TEST_CASE_FIXTURE(two_ranks, "metadata receive: a blob left by a fork given up after its header does not meet the next fork's receive") {
   s.header(1);
   r.open(c, 0, tags, 1, 10, limit);
   std::optional<dc::metadata> none;
@@ -69,31 +79,17 @@ TEST_CASE("metadata receive: a blob left by a fork given up after its header doe
   const auto got = progress_until_done(r, c);
   REQUIRE(got.has_value());
   CHECK(*got == sender::of(2));
-  r.close(c);
 }
 
-TEST_CASE("metadata receive: the blob a stale header announced is drained, not taken for this fork's") {
-  dc::inproc::world w(2);
-  sender s{w.comm(0), {}, {}};
-  auto c = w.comm(1);
-  receive r(true);
+TEST_CASE_FIXTURE(two_ranks, "metadata receive: the blob a stale header announced is drained, not taken for this fork's") {
   s.header(1), s.blob(1);  // a fork this rank never joined
   s.header(2), s.blob(2);
-  r.open(c, 0, tags, 2, 20, limit);
-  const auto got = progress_until_done(r, c);
+  const auto got = fork(2);
   REQUIRE(got.has_value());
   CHECK(*got == sender::of(2));
-  r.close(c);
 }
 
-TEST_CASE("metadata receive: a header announcing more than the limit is refused before anything is allocated") {
-  dc::inproc::world w(2);
-  sender s{w.comm(0), {}, {}};
-  auto c = w.comm(1);
-  receive r;
+TEST_CASE_FIXTURE(two_ranks, "metadata receive: a header announcing more than the limit is refused before anything is allocated") {
   s.header(1, std::uint64_t{1} << 40);
-  r.open(c, 0, tags, 1, 10, limit);
-  std::optional<dc::metadata> out;
-  CHECK_THROWS_WITH_AS(progress_until_done(r, c), doctest::Contains("more than settings.max_metadata_bytes"), dc::error);
-  r.close(c);
+  CHECK_THROWS_WITH_AS(fork(1), doctest::Contains("more than settings.max_metadata_bytes"), dc::error);
 }
