@@ -20,28 +20,39 @@
 #include "detail/peer_figures.hpp"
 #include "detail/outbox.hpp"
 #include "detail/replica_digests.hpp"
+#include "detail/state_access.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
 #include "plan.hpp"
 #include "report.hpp"
 #include "roles.hpp"
-#include "state.hpp"
 
 namespace deepclone::detail {
 
-template <class Engine, tensor T>
-class clone_engine {
-  using Comm = typename Engine::comm_type;
-  using Checksum = typename Engine::checksum_type;
-  using Reconstruct = typename Engine::reconstruct_type;
-  using settings_t = typename Engine::settings;
+/// What the clone engine takes from its engine's settings (engine.hpp makes it): the knobs
+/// it reads, the plan of a layout, and the policies' names. With it the clone engine is
+/// compiled once per communicator and checksum, whatever the sharding, pipeline,
+/// reconstruction and agreement policies.
+struct clone_config {  // every field set by engine.hpp from the settings
+  std::chrono::nanoseconds timeout{}, failover_after{};
+  int tag_base = 0;
+  std::uint64_t max_metadata_bytes = 0;
+  bool verify_replicas = false;
+  /// The plan every rank computes for a layout (`engine<...>::make_plan` with the settings,
+  /// which it owns).
+  std::function<deepclone::plan(const layout&, const deepclone::roles&)> make_plan;
+  /// The policies as a report names them (`engine<...>::describe`).
+  std::string policies;
+};
 
+template <class Comm, class Checksum>
+class clone_engine {
  public:
   /// Registers this rank as a clone rank that will receive into `state`, whose layout
   /// must equal the sources'. Throws `errc::invalid_argument` if this rank is not a clone
   /// rank in `r`, or for invalid roles.
-  clone_engine(Comm& comm, deepclone::roles r, deepclone::state<T>& st, settings_t s = {})
-      : comm_(comm), roles_(std::move(r)), state_(st), settings_(std::move(s)), index_(index_in(roles_, comm_)) {}
+  clone_engine(Comm& comm, deepclone::roles r, state_access& st, clone_config config)
+      : comm_(comm), roles_(std::move(r)), state_(st), config_(std::move(config)), index_(index_in(roles_, comm_)) {}
   clone_engine(const clone_engine&) = delete;
   clone_engine& operator=(const clone_engine&) = delete;
   /// A clone rank that goes away mid-transfer tells the sources, which end the session
@@ -64,11 +75,11 @@ class clone_engine {
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
       if (state_.space(t) != memory_space::host)
         throw error(errc::unsupported, "clone tensor '" + layout_.tensor(t).name + "' lives in device memory: the core engine receives into host memory");
-    if (settings_.verify_replicas && Checksum::id == checksum::none::id)
+    if (config_.verify_replicas && Checksum::id == checksum::none::id)
       throw error(errc::unsupported, "settings.verify_replicas needs a checksum policy; the engine uses checksum::none");
-    plan_ = Engine::make_plan(layout_, roles_, settings_);
-    max_epochs_ = epochs_that_fit(comm_, settings_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
-    request_.send(layout_.fingerprint(), plan_.key(), settings_.verify_replicas ? flag_verify_replicas : 0u);
+    plan_ = config_.make_plan(layout_, roles_);
+    max_epochs_ = epochs_that_fit(comm_, config_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
+    request_.send(layout_.fingerprint(), plan_.key(), config_.verify_replicas ? flag_verify_replicas : 0u);
     t_request_ = clock::now();
     rearm_deadlines();
     standby_s_ = 0;
@@ -152,7 +163,7 @@ class clone_engine {
     r.iteration = k_;
     r.state_bytes = layout_.total_bytes();
     r.metadata_bytes = meta_.bytes();
-    r.policies = Engine::describe(settings_);
+    r.policies = config_.policies;
     r.agreement_s = agreement_s_;
     r.readiness_s = readiness_s_;
     r.standby_s = standby_s_;
@@ -180,7 +191,7 @@ class clone_engine {
   /// clone rank's summary. A source that failed (or was presumed failed: failover) may
   /// never send its figures.
   void await_figures() {
-    const auto until = clock::now() + settings_.timeout;
+    const auto until = clock::now() + config_.timeout;
     idler<Comm> idle(comm_);
     for (;;) {
       idle.mark();
@@ -220,8 +231,8 @@ class clone_engine {
   }
 
   void rearm_deadlines() {
-    deadline_ = clock::now() + settings_.timeout;
-    stall_check_ = clock::now() + settings_.failover_after;
+    deadline_ = clock::now() + config_.timeout;
+    stall_check_ = clock::now() + config_.failover_after;
   }
 
   /// One round of progress under the clone's deadlines (the one place they are applied,
@@ -233,11 +244,11 @@ class clone_engine {
     const auto now = clock::now();
     if (phase_ == phase::receiving && now >= stall_check_) {
       guarded([&] { return failover_stalled(), true; });
-      stall_check_ = now + settings_.failover_after;
+      stall_check_ = now + config_.failover_after;
     }
     if (now >= deadline_ && in_flight())
       fail(errc::timeout, "clone rank " + std::to_string(index_) + ": nothing arrived for " +
-                              std::to_string(std::chrono::duration<double>(settings_.timeout).count()) + " s; still missing: " + missing());
+                              std::to_string(std::chrono::duration<double>(config_.timeout).count()) + " s; still missing: " + missing());
   }
 
   /// Hands the layers that became ready since the last call, in the order they did, and the
@@ -345,18 +356,16 @@ class clone_engine {
   /// of progress (in process, bytes land only inside `test`).
   void check_tensors_in_place() {
     if (phase_ != phase::receiving) return;
-    std::size_t t = 0;
-    for (std::size_t l = 0; l < state_.layer_count(); ++l)
-      for (auto& nt : state_.layer_tensors(l)) {
-        auto now = tensor_bytes(*nt.ref);
-        if (t < posted_.size() && now.data() == posted_[t].data() && now.size() == posted_[t].size()) {
-          ++t;
-          continue;
-        }
-        fail(errc::layout_mismatch, "clone tensor '" + state_.layer_name(l) + "." + nt.name + "' was resized or moved after "
-                                    "request() (" + std::to_string(t < posted_.size() ? posted_[t].size() : 0) + " -> " +
-                                    std::to_string(now.size()) + " bytes); a clone's tensors must stay in place until wait() returns");
-      }
+    state_.all_bytes(now_);
+    if (now_.size() != posted_.size())
+      fail(errc::layout_mismatch, "the clone's state holds " + std::to_string(now_.size()) + " tensors, not the " +
+                                      std::to_string(posted_.size()) + " it held at request(); a clone's tensors must stay in place until wait() returns");
+    for (std::size_t t = 0; t < posted_.size(); ++t) {
+      if (now_[t].data() == posted_[t].data() && now_[t].size() == posted_[t].size()) continue;
+      fail(errc::layout_mismatch, "clone tensor '" + layout_.layers()[layout_.layer_of(t)].name + "." + layout_.tensor(t).name +
+                                  "' was resized or moved after request() (" + std::to_string(posted_[t].size()) + " -> " +
+                                  std::to_string(now_[t].size()) + " bytes); a clone's tensors must stay in place until wait() returns");
+    }
   }
 
   /// Nothing arrived for `settings.failover_after` while other sources did deliver: the
@@ -373,9 +382,9 @@ class clone_engine {
     cancel_msg m{session_, index_, static_cast<std::uint32_t>(errc::source_failed)};  // "you are presumed failed"
     for (std::uint32_t s = 0; s < silent.size(); ++s)
       if (silent[s]) {
-        ctl_.send_owned(comm_, roles_.sources[s], settings_.tag_base + tag_cancel, m.encode());
+        ctl_.send_owned(comm_, roles_.sources[s], config_.tag_base + tag_cancel, m.encode());
         transfer_.source_failed(s, "nothing arrived from it for " +
-                             std::to_string(std::chrono::duration<double>(settings_.failover_after).count()) + " s");
+                             std::to_string(std::chrono::duration<double>(config_.failover_after).count()) + " s");
       }
   }
 
@@ -389,7 +398,7 @@ class clone_engine {
       }
       auto b = m.encode();
       for (std::uint32_t s = 0; s < roles_.source_count(); ++s)
-        if (!transfer_.failed(s)) ctl_.send_owned(comm_, roles_.sources[s], settings_.tag_base + tag_ack, b);
+        if (!transfer_.failed(s)) ctl_.send_owned(comm_, roles_.sources[s], config_.tag_base + tag_ack, b);
     }
   }
 
@@ -399,7 +408,7 @@ class clone_engine {
     agreement_s_ = seconds_since(t_request_);
     phase_ = phase::receiving;
     const std::size_t L = layout_.layer_count();
-    tags_ = session_tags{settings_.tag_base, L, d.epoch};
+    tags_ = session_tags{config_.tag_base, L, d.epoch};
     if (d.epoch >= max_epochs_)
       fail(errc::corrupt_message, "the fork decision names tag block " + std::to_string(d.epoch) + ", beyond the " +
                                       std::to_string(max_epochs_) + " this communicator's tags allow");
@@ -410,9 +419,9 @@ class clone_engine {
     posted_.clear();
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t) posted_.push_back(state_.bytes(t));
     reset_transfer();
-    figures_.open(comm_, roles_, index_, settings_.tag_base);  // every source's status, every other clone rank's summary
-    digests_.open(comm_, roles_.sources, settings_.tag_base, (d.flags & flag_verify_replicas) != 0);
-    meta_.open(comm_, roles_.sources[0], {tags_.meta_header(), tags_.meta()}, session_, k_, settings_.max_metadata_bytes);
+    figures_.open(comm_, roles_, index_, config_.tag_base);  // every source's status, every other clone rank's summary
+    digests_.open(comm_, roles_.sources, config_.tag_base, (d.flags & flag_verify_replicas) != 0);
+    meta_.open(comm_, roles_.sources[0], {tags_.meta_header(), tags_.meta()}, session_, k_, config_.max_metadata_bytes);
     transfer_.open({&plan_, &layout_, index_, session_, k_, tags_, posted_});
   }
 
@@ -480,7 +489,7 @@ class clone_engine {
     summary_sent_ = true;
     auto s = my_summary().encode();
     for (std::uint32_t j = 0; j < roles_.clone_count(); ++j)
-      if (j != index_) ctl_.send_owned(comm_, roles_.clones[j], settings_.tag_base + tag_summary, s);
+      if (j != index_) ctl_.send_owned(comm_, roles_.clones[j], config_.tag_base + tag_summary, s);
   }
 
   summary_msg my_summary() const {
@@ -531,8 +540,8 @@ class clone_engine {
 
   Comm& comm_;
   deepclone::roles roles_;
-  deepclone::state<T>& state_;
-  settings_t settings_;
+  state_access& state_;  // the user's state, through its shell (engine<...>::clone<T>)
+  clone_config config_;
   std::uint32_t index_ = 0;
   deepclone::layout layout_;
   deepclone::plan plan_;
@@ -542,13 +551,14 @@ class clone_engine {
   std::uint32_t max_epochs_ = 1;         // tag blocks this communicator's tags allow
   session_tags tags_;                    // the session's tag block
   std::vector<std::span<std::byte>> posted_;  // each tensor's bytes as the receives were posted
+  std::vector<std::span<std::byte>> now_;     // ... and as check_tensors_in_place last saw them
   clock::time_point deadline_{}, stall_check_{};
   clock::time_point t_request_{}, t_complete_{};
   bool summary_sent_ = false;
   double agreement_s_ = 0, readiness_s_ = 0, standby_s_ = 0;
 
   outbox<Comm> ctl_;
-  clone_request<Comm> request_{comm_, roles_, ctl_, settings_.tag_base, index_};  // this rank's request and its answer
+  clone_request<Comm> request_{comm_, roles_, ctl_, config_.tag_base, index_};  // this rank's request and its answer
   metadata_receive<Comm, Checksum> meta_;  // the sources' metadata of iteration k
   peer_figures<Comm> figures_;           // every source's status, every other clone rank's summary
   replica_digests<Comm> digests_;        // verify_replicas
@@ -557,7 +567,7 @@ class clone_engine {
   std::function<void(const deepclone::progress&)> on_progress_;
   std::vector<char> told_;               // layers handed to on_progress_ this session
   deepclone::progress told_progress_;    // ... and the totals of what it was told
-  clone_transfer<Comm, Checksum> transfer_{comm_, roles_, ctl_, settings_.tag_base};  // the session's groups
+  clone_transfer<Comm, Checksum> transfer_{comm_, roles_, ctl_, config_.tag_base};  // the session's groups
 };
 
 }  // namespace deepclone::detail

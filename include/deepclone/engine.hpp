@@ -9,12 +9,14 @@
 ///   cloning::clone  dst(comm, roles, clone_state);
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include "agreement.hpp"
 #include "checksum.hpp"
 #include "clone.hpp"
 #include "communicator.hpp"
+#include "detail/state_access.hpp"
 #include "pipeline.hpp"
 #include "plan.hpp"
 #include "policy.hpp"
@@ -104,18 +106,22 @@ class engine {
     bool verify_replicas = false;
   };
 
+  /// The shells: the only part of either role compiled per tensor type (the engines see
+  /// the state through detail::state_access).
   template <tensor T>
-  class source : public detail::source_engine<engine, T> {
+  class source : private detail::state_access_holder<T>, public detail::source_engine<Comm, Pipeline, Checksum, Agreement> {
    public:
     source(Comm& comm, const deepclone::roles& r, deepclone::state<T>& st, settings s = {})
-        : detail::source_engine<engine, T>(comm, r, st, std::move(s)) {}
+        : detail::state_access_holder<T>(st),
+          detail::source_engine<Comm, Pipeline, Checksum, Agreement>(comm, r, this->access, source_config_of(std::move(s))) {}
   };
 
   template <tensor T>
-  class clone : public detail::clone_engine<engine, T> {
+  class clone : private detail::state_access_holder<T>, public detail::clone_engine<Comm, Checksum> {
    public:
     clone(Comm& comm, const deepclone::roles& r, deepclone::state<T>& st, settings s = {})
-        : detail::clone_engine<engine, T>(comm, r, st, std::move(s)) {}
+        : detail::state_access_holder<T>(st),
+          detail::clone_engine<Comm, Checksum>(comm, r, this->access, clone_config_of(std::move(s))) {}
   };
 
   // Deduction guides, so that `cloning::source src(comm, roles, state);` deduces T from
@@ -148,6 +154,30 @@ class engine {
     std::string d = std::string(Shard::name) + "/" + Pipeline::name + "/" + Reconstruct::name + "/" + Checksum::name;
     if constexpr (Agreement::trainer_collective) d += std::string("/") + Agreement::name;
     return d;
+  }
+
+ private:
+  /// What a source's engine takes from `s` (the source engine is not templated on the
+  /// sharding and reconstruction policies). The settings move to the heap, where the engine's
+  /// pipeline and agreement values and the plan function share them.
+  static detail::source_config<Pipeline, Agreement> source_config_of(settings s) {
+    auto held = std::make_shared<settings>(std::move(s));
+    return {.settings = held, .pipeline = held->pipeline, .agreement = held->agreement, .timeout = held->timeout,
+            .failover_after = held->failover_after, .poll_interval = held->poll_interval, .fork_lead = held->fork_lead,
+            .tag_base = held->tag_base, .tag_epochs = held->tag_epochs, .check_writes = held->check_writes,
+            .make_plan = plan_maker(held)};
+  }
+  /// What a clone rank's engine takes from `s` (the clone engine is templated on the
+  /// communicator and the checksum policy only).
+  static detail::clone_config clone_config_of(settings s) {
+    auto held = std::make_shared<const settings>(std::move(s));
+    return {.timeout = held->timeout, .failover_after = held->failover_after, .tag_base = held->tag_base,
+            .max_metadata_bytes = held->max_metadata_bytes, .verify_replicas = held->verify_replicas,
+            .make_plan = plan_maker(held), .policies = describe(*held)};
+  }
+  /// `make_plan` over settings `held` shares: how the engines compute the plan of a layout.
+  static auto plan_maker(std::shared_ptr<const settings> held) {
+    return [held = std::move(held)](const layout& lay, const deepclone::roles& r) { return make_plan(lay, r, *held); };
   }
 };
 

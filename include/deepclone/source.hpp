@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,12 +26,12 @@
 #include "detail/source_agreement.hpp"
 #include "detail/source_pipeline_context.hpp"
 #include "detail/source_session.hpp"
+#include "detail/state_access.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
 #include "pipeline.hpp"
 #include "plan.hpp"
 #include "roles.hpp"
-#include "state.hpp"
 
 namespace deepclone::detail {
 
@@ -42,45 +43,58 @@ bool pipeline_moves(const P& p, memory_space m) {
   else return m == memory_space::host;
 }
 
-template <class Engine, tensor T>
-class source_engine : private source_agreement_host, private source_pipeline_host {
-  using Comm = typename Engine::comm_type;
-  using Pipeline = typename Engine::pipeline_type;
-  using Checksum = typename Engine::checksum_type;
-  using Agreement = typename Engine::agreement_type;
-  using settings_t = typename Engine::settings;
+/// What the source engine takes from its engine's settings (engine.hpp makes it): the
+/// pipeline and agreement policies' values, the knobs it reads and the plan of a layout.
+/// With it the source engine is not templated on the sharding and reconstruction policies.
+template <class Pipeline, class Agreement>
+struct source_config {  // every field set by engine.hpp from the settings
+  /// Owns the engine's settings, in which the two policy values below live (policies need
+  /// not be copyable).
+  std::shared_ptr<void> settings;
+  Pipeline& pipeline;
+  Agreement& agreement;
+  std::chrono::nanoseconds timeout{}, failover_after{}, poll_interval{};
+  std::uint64_t fork_lead = 0;
+  int tag_base = 0;
+  std::uint32_t tag_epochs = 0;
+  bool check_writes = false;
+  /// The plan every rank computes for a layout (`engine<...>::make_plan` over the same settings).
+  std::function<deepclone::plan(const layout&, const deepclone::roles&)> make_plan;
+};
 
+template <class Comm, class Pipeline, class Checksum, class Agreement>
+class source_engine : private source_agreement_host, private source_pipeline_host {
  public:
   using agreement_type = Agreement;
 
   /// Registers this rank as a source of `state`. The state must not change shape while
   /// the source exists. Throws `errc::invalid_argument` if this rank is not a source in
   /// `r`, or for invalid roles.
-  source_engine(Comm& comm, deepclone::roles r, deepclone::state<T>& st, settings_t s = {})
-      : comm_(comm), roles_(std::move(r)), state_(st), settings_(std::move(s)) {
+  source_engine(Comm& comm, deepclone::roles r, state_access& st, source_config<Pipeline, Agreement> config)
+      : comm_(comm), roles_(std::move(r)), state_(st), config_(std::move(config)) {
     roles_.validate(comm_.size());
     auto idx = roles_.source_index(comm_.rank());
     if (!idx)
       throw error(errc::invalid_argument, "rank " + std::to_string(comm_.rank()) + " is not a source in the given roles");
-    if (settings_.fork_lead < 1) throw error(errc::invalid_argument, "settings.fork_lead must be at least 1");
+    if (config_.fork_lead < 1) throw error(errc::invalid_argument, "settings.fork_lead must be at least 1");
     index_ = *idx;
     layout_ = state_.describe();
-    plan_ = Engine::make_plan(layout_, roles_, settings_);
-    max_epochs_ = epochs_that_fit(comm_, settings_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
-    const auto epochs = std::min(max_epochs_, std::max<std::uint32_t>(settings_.tag_epochs, 1));
+    plan_ = config_.make_plan(layout_, roles_);
+    max_epochs_ = epochs_that_fit(comm_, config_.tag_base, layout_.layer_count(), ~std::uint32_t{0});
+    const auto epochs = std::min(max_epochs_, std::max<std::uint32_t>(config_.tag_epochs, 1));
     agreement_.emplace(comm_, roles_, index_, layout_, plan_.key(),
-                       source_agreement_params{Agreement::name, Agreement::trainer_collective, settings_.fork_lead, base(), epochs,
-                                               std::chrono::duration_cast<std::chrono::nanoseconds>(settings_.failover_after)},
+                       source_agreement_params{Agreement::name, Agreement::trainer_collective, config_.fork_lead, base(), epochs,
+                                               std::chrono::duration_cast<std::chrono::nanoseconds>(config_.failover_after)},
                        static_cast<source_agreement_host&>(*this), trailing_);
     for (std::size_t t = 0; t < layout_.tensor_count(); ++t)
-      if (!pipeline_moves(settings_.pipeline, state_.space(t)))
+      if (!pipeline_moves(config_.pipeline, state_.space(t)))
         throw error(errc::unsupported, "tensor '" + layout_.tensor(t).name +
                                            "' lives in device memory: the core engine sends host memory; use a device pipeline");
     updated_.assign(layout_.layer_count(), 0);
     // Allocated and touched here, before training: fresh memory's first touch is slow.
     if constexpr (requires(Pipeline& p) { { p.reserve(std::uint64_t{}) } -> std::convertible_to<std::uint64_t>; })  // const or not
-      pipeline_mem_.assign(static_cast<std::size_t>(settings_.pipeline.reserve(plan_.bytes_of_source(index_))), std::byte{0});
-    if (settings_.check_writes) written_sums_.assign(layout_.tensor_count(), std::nullopt);
+      pipeline_mem_.assign(static_cast<std::size_t>(config_.pipeline.reserve(plan_.bytes_of_source(index_))), std::byte{0});
+    if (config_.check_writes) written_sums_.assign(layout_.tensor_count(), std::nullopt);
     acks_needed_.assign(layout_.layer_count(), 0);
     {
       std::vector<std::vector<char>> receives(layout_.layer_count(), std::vector<char>(roles_.clone_count(), 0));
@@ -112,7 +126,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
     if (updated_[layer] == generation_)
       throw error(errc::hook_order, "layer " + std::to_string(layer) + " updated twice in iteration " + current_name() +
                                         " (missing end_iteration?)");
-    if (settings_.check_writes) check_untouched(layer);
+    if (config_.check_writes) check_untouched(layer);
     open_ = static_cast<long>(layer);
     if (session_ && session_->final[layer] && !session_->released[layer]) close_window(layer);
   }
@@ -128,7 +142,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
                                         (open_ >= 0 ? " (layer " + std::to_string(open_) + " is open)" : ""));
     open_ = -1;
     updated_[layer] = generation_;
-    if (settings_.check_writes)
+    if (config_.check_writes)
       for (std::size_t t = layout_.first_tensor(layer); t < layout_.end_tensor(layer); ++t) written_sums_[t] = host_sum(t);
     if (session_ && last_step_ && *last_step_ + 1 == session_->k)
       make_final(layer);
@@ -174,7 +188,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
     if constexpr (Agreement::trainer_collective)  // should the next collective fork at this iteration,
       if (index_ == 0) fork_meta_ = state_.metadata(), fork_meta_->step = step;  // its metadata as it is now
     if constexpr (!Agreement::trainer_collective)
-      if (!session_) settings_.agreement.end_iteration(*agreement_, step);
+      if (!session_) config_.agreement.end_iteration(*agreement_, step);
     trailing_.poll(comm_);
     trailing_.compact();
   }
@@ -189,7 +203,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
                                                  "this engine's agreement decides in end_iteration");
     hook_timer t(*this);
     check_outside_update("fork_word()");
-    word_ = finished_ ? 0 : settings_.agreement.word(*agreement_);
+    word_ = finished_ ? 0 : config_.agreement.word(*agreement_);
     return word_;
   }
   /// Second call: `sum` is the sum of every source's fork_word() of this iteration, the
@@ -208,7 +222,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
                                               ": pass the sum of every source's fork_word() of this iteration");
     if (finished_) return;
     const bool was_serving = session_.has_value();
-    settings_.agreement.agreed(*agreement_, given, sum);
+    config_.agreement.agreed(*agreement_, given, sum);
     if (session_ && !was_serving) send_final_layers();
   }
 
@@ -227,7 +241,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
         complete_session();
     }
     agreement_->stop();
-    trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(settings_.timeout, std::chrono::seconds(1)));
+    trailing_.wait_all(comm_, std::min<std::chrono::nanoseconds>(config_.timeout, std::chrono::seconds(1)));
     trailing_.clear(comm_);
   }
 
@@ -242,7 +256,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
   /// pipeline::spill: bytes copied into the spill buffer so far, over all sessions (0 when
   /// the network kept up with the trainer).
   std::uint64_t bytes_spilled() const noexcept {
-    if constexpr (requires(const Pipeline& p) { p.bytes_spilled(); }) return settings_.pipeline.bytes_spilled();
+    if constexpr (requires(const Pipeline& p) { p.bytes_spilled(); }) return config_.pipeline.bytes_spilled();
     else return 0;
   }
   /// Why the last failed or refused session ended so (the source itself keeps training).
@@ -286,7 +300,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
                                         std::to_string(layout_.layer_count()) + " layers");
   }
   std::string current_name() const { return last_step_ ? std::to_string(*last_step_ + 1) : "(first)"; }
-  int base() const { return settings_.tag_base; }
+  int base() const { return config_.tag_base; }
 
   void post_control() {
     if (!finished_) agreement_->post();
@@ -336,7 +350,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
     open_session(d);
     auto early = inbox_.open(comm_, roles_.clones, base(), d.session);  // arrived while the previous one was in flight
     if (!servable(d)) return;
-    if constexpr (requires(Pipeline& p) { p.begin(pipe_ctx_); }) settings_.pipeline.begin(pipe_ctx_);
+    if constexpr (requires(Pipeline& p) { p.begin(pipe_ctx_); }) config_.pipeline.begin(pipe_ctx_);
     for (auto& m : early)
       if (session_) apply(m);
   }
@@ -415,11 +429,11 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
   /// what leaves now; with verify_replicas the layer is digested.
   void make_final(std::size_t l) {
     session_->final[l] = true;
-    settings_.pipeline.layer_final(pipe_ctx_, l);
+    config_.pipeline.layer_final(pipe_ctx_, l);
     if (session_) digest_layer(l);
   }
   void pipeline_fork_iteration_ended() {
-    if constexpr (requires(Pipeline& p) { p.fork_iteration_ended(pipe_ctx_); }) settings_.pipeline.fork_iteration_ended(pipe_ctx_);
+    if constexpr (requires(Pipeline& p) { p.fork_iteration_ended(pipe_ctx_); }) config_.pipeline.fork_iteration_ended(pipe_ctx_);
   }
 
   /// This source's pieces of layer `l` as the pipeline sees them (source_pipeline_host); empty
@@ -458,7 +472,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
   /// True if anything happened. May end the session (cancel).
   bool poll_session() {
     bool any = session_->out.poll(comm_);
-    if constexpr (requires(Pipeline& p) { p.progress(pipe_ctx_); }) settings_.pipeline.progress(pipe_ctx_);
+    if constexpr (requires(Pipeline& p) { p.progress(pipe_ctx_); }) config_.pipeline.progress(pipe_ctx_);
     if (!session_) return true;
     for (auto& m : inbox_.poll(comm_)) {
       any = true;
@@ -478,8 +492,8 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
     const auto now = clock::now();
     if (now < session_->next_poll) return;
     const auto room = clock::time_point::max() - now;  // an interval of nanoseconds::max() means "never"
-    session_->next_poll = settings_.poll_interval >= room ? clock::time_point::max()
-                                                          : now + std::chrono::duration_cast<clock::duration>(settings_.poll_interval);
+    session_->next_poll = config_.poll_interval >= room ? clock::time_point::max()
+                                                          : now + std::chrono::duration_cast<clock::duration>(config_.poll_interval);
     poll_session();
   }
 
@@ -526,7 +540,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
   std::optional<std::span<const std::byte>> bytes_of_k(std::uint32_t pi) {
     auto& p = plan_.pieces()[pi];
     if constexpr (requires(Pipeline& q) { { q.bytes_of_k(pipe_ctx_, pi) } -> std::same_as<std::optional<std::span<const std::byte>>>; })
-      if (auto b = settings_.pipeline.bytes_of_k(pipe_ctx_, pi)) return b;
+      if (auto b = config_.pipeline.bytes_of_k(pipe_ctx_, pi)) return b;
     if (!session_->released[p.layer]) return state_.bytes(p.tensor).subspan(p.offset, p.length);
     return std::nullopt;
   }
@@ -535,7 +549,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
   bool delivered() {
     auto& s = *session_;
     if constexpr (requires(Pipeline& p) { { p.pending(pipe_ctx_) } -> std::convertible_to<bool>; })
-      if (settings_.pipeline.pending(pipe_ctx_)) return false;
+      if (config_.pipeline.pending(pipe_ctx_)) return false;
     return s.out.all_done(comm_) && s.all_verified();
   }
 
@@ -543,7 +557,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
   /// (window: its sends, refetches included, completed and every clone rank verified it,
   /// so that a piece lost elsewhere can still be served from here).
   void close_window(std::size_t l) {
-    progress_until([&] { return settings_.pipeline.may_overwrite(pipe_ctx_, l); },
+    progress_until([&] { return config_.pipeline.may_overwrite(pipe_ctx_, l); },
            "layer " + std::to_string(l) + " was not released by the " + Pipeline::name +
                " pipeline (sent, verified or copied) within the timeout");
     if (session_) session_->released[l] = true;
@@ -561,16 +575,16 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
       if (!session_) return false;
       if (done()) return true;
       if (expired(what)) return false;
-      idle.idle(session_->last_progress + settings_.timeout);
+      idle.idle(session_->last_progress + config_.timeout);
     }
   }
 
   /// The session's own deadline: true (and the session failed, saying `what`) once nothing
   /// progressed for `settings.timeout`, so that no session outlives a clone rank that vanished.
   bool expired(const std::string& what) {
-    if (clock::now() < session_->last_progress + settings_.timeout) return false;
+    if (clock::now() < session_->last_progress + config_.timeout) return false;
     fail_session(errc::timeout, what + " (nothing progressed for " +
-                                    std::to_string(std::chrono::duration<double>(settings_.timeout).count()) + " s)");
+                                    std::to_string(std::chrono::duration<double>(config_.timeout).count()) + " s)");
     return true;
   }
 
@@ -618,8 +632,8 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
 
   Comm& comm_;
   deepclone::roles roles_;
-  deepclone::state<T>& state_;
-  settings_t settings_;
+  state_access& state_;  // the user's state, through its shell (engine<...>::source<T>)
+  source_config<Pipeline, Agreement> config_;
   std::uint32_t index_ = 0;
   deepclone::layout layout_;
   deepclone::plan plan_;

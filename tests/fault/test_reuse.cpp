@@ -489,6 +489,22 @@ TEST_CASE("resize: a clone tensor resized after request() fails before a byte la
   }
 }
 
+TEST_CASE("resize: a tensor added to the clone's state after request() fails naming the count, not silently unfilled") {
+  world_options o;  // fc1's bytes arrive late, so the change surely comes first
+  o.faults->add({.action = kind::delay, .to = 2, .tag_lo = layer_tag(1, 0), .first = 1, .times = 0, .hold = 300ms});
+  auto r = run_world(o, [&](int, fcomm& comm, const dc::roles& roles, model& mdl) -> std::string {
+    std::vector<std::uint8_t> extra(64, 0);
+    clone_t dst(comm, roles, mdl.st, small_settings(3s));
+    return expect_error([&] {
+      dst.request();
+      while (!dst.fork_iteration()) dst.poll();
+      mdl.st.add_layer("late", {{"w", extra}});
+      dst.wait();
+    }, dc::errc::layout_mismatch, {"tensors, not the", "at request()"});
+  });
+  check_world(r);
+}
+
 TEST_CASE("errors: a refused clone is visible on the sources and says what is missing") {
   world_options o;
   o.faults->add({.action = kind::drop, .from = 0, .tag_lo = tb + 2, .first = 1, .times = 1});  // the sources' layout

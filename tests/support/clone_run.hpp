@@ -12,6 +12,7 @@
 #include <chrono>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -90,6 +91,10 @@ void clone_once(int n, int m, unsigned delay_ms) {
     CHECK(sent == from_sources);
     CHECK(rep.readiness_s >= rep.first_layer_s);
     CHECK(rep.layer_ready_s.size() == 5);
+    // The clone engine is shared by engines that differ in these policies: the report must
+    // still name this engine's own.
+    for (const char* name : {Engine::shard_type::name, Engine::pipeline_type::name, Engine::reconstruct_type::name})
+      CHECK_MESSAGE(rep.policies.find(name) != std::string::npos, rep.policies << " lacks " << name);
   }
 }
 

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -318,3 +319,37 @@ TEST_CASE("relay chain: a corrupted forward is fetched again from a source, and 
     CHECK(got[j] == want.bytes());
   }
 }
+
+/// A pipeline that cannot be copied (it owns a buffer, as a user's might): the engines take
+/// the settings by value and never copy a policy.
+struct move_only_window : dc::pipeline::window {
+  static constexpr const char* name = "move_only_window";
+  std::unique_ptr<std::uint64_t> finals = std::make_unique<std::uint64_t>(0);
+  void layer_final(dc::pipeline::context& c, std::size_t l) {
+    ++*finals;
+    window::layer_final(c, l);
+  }
+};
+static_assert(!std::is_copy_constructible_v<move_only_window>);
+
+TEST_CASE("a pipeline policy that can only be moved clones bit for bit") {
+  dc::testing::clone_once<dc::engine<dc::inproc::communicator, dc::shard::split_even, move_only_window>>(2, 2, 0);
+}
+
+// The engines are compiled once per communicator and the policies that shape their code
+// (docs/design.md, "What is compiled per what"): not per tensor type, and not per sharding
+// or reconstruction policy, which reach them only through the plan.
+namespace compiled_per {
+using comm = dc::inproc::communicator;
+using plain = dc::engine<comm>;
+using other_plan = dc::engine<comm, dc::shard::whole_tensor, dc::pipeline::window, dc::reconstruct::direct>;
+using source_core = dc::detail::source_engine<comm, dc::pipeline::window, dc::checksum::mix64, dc::agreement::coordinator>;
+using clone_core = dc::detail::clone_engine<comm, dc::checksum::mix64>;
+static_assert(std::is_base_of_v<source_core, plain::source<std::vector<float>>>);
+static_assert(std::is_base_of_v<source_core, plain::source<dc::raw_view<double>>>);
+static_assert(std::is_base_of_v<source_core, other_plan::source<std::vector<float>>>);
+static_assert(std::is_base_of_v<clone_core, plain::clone<std::vector<float>>>);
+static_assert(std::is_base_of_v<clone_core, plain::clone<dc::raw_view<double>>>);
+static_assert(std::is_base_of_v<clone_core, other_plan::clone<std::vector<float>>>);
+static_assert(std::is_base_of_v<clone_core, dc::engine<comm, dc::shard::split_even, dc::pipeline::spill>::clone<std::vector<float>>>);
+}  // namespace compiled_per
