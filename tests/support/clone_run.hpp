@@ -2,8 +2,8 @@
 // One end-to-end clone on the in-process transport, checked bit for bit: N sources train
 // (overwriting every tensor each iteration) while M clone ranks fork from them; each clone
 // rank must hold the state of the agreed iteration k, optimizer slots and metadata
-// included, and the report's byte counts must add up. Used by unit.clone (every built-in
-// policy combination) and unit.policies (user-written policies).
+// included, and the report's byte counts must add up. Used by unit.clone (split_even with
+// every built-in pipeline and reconstruction) and unit.policies (user-written policies).
 #include <doctest/doctest.h>
 
 #include <deepclone/deepclone.hpp>

@@ -7,7 +7,7 @@
 /// and this rank's forwards to the other clone ranks. The clone engine keeps the API, the
 /// agreement, the metadata, the deadlines and the figures; it hands this component the
 /// tensors' bytes as spans, so the transfer compiles once per transport and checksum, not
-/// once per engine and tensor type.
+/// once per engine.
 ///
 /// Errors are thrown as `deepclone::error`; the engine turns them into a failed clone
 /// (receives withdrawn, sources told), so every call must run under its guard.

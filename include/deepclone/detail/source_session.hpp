@@ -5,7 +5,7 @@
 /// which layer, the refetches it owes, the checksums of iteration k, and its figures; and
 /// the sends that need only the plan (data pieces, group headers). The source engine keeps
 /// what needs the tensors (which bytes, from where: the pipeline, refetches, digests) and
-/// the hooks, so this compiles once per transport, not once per engine and tensor type.
+/// the hooks, so this compiles once per transport, not once per engine.
 
 #include <algorithm>
 #include <cmath>

@@ -277,7 +277,7 @@ class staging_ring {
 /// stage each of this source's pieces: the copy runs on the policy's copy stream, ordered
 /// after `training_stream` with an event (the training stream never waits), into pinned
 /// memory that the engine uses as its bounded, reused staging ring; the piece is sent once
-/// its copy has landed. Copies of the policy share one ring (settings are copied).
+/// its copy has landed. Copies of the policy (copies of the settings a user makes) share one ring.
 struct staged_device : pipeline::staged_base<staged_device> {
   static constexpr const char* name = "staged_device";
   // staging_bytes (from staged_base): size of the pinned staging ring; pieces are cut to fit
