@@ -416,8 +416,7 @@ class clone_engine {
       fail(errc::layout_mismatch, "the clone's state changed between request() and the fork decision (" +
                                       first_difference(layout_, now, "then", "now").value_or("?") +
                                       "); a clone's tensors must stay in place until wait() returns");
-    posted_.clear();
-    for (std::size_t t = 0; t < layout_.tensor_count(); ++t) posted_.push_back(state_.bytes(t));
+    state_.all_bytes(posted_);  // as many as layout_ has: the state was just checked against it
     reset_transfer();
     figures_.open(comm_, roles_, index_, config_.tag_base);  // every source's status, every other clone rank's summary
     digests_.open(comm_, roles_.sources, config_.tag_base, (d.flags & flag_verify_replicas) != 0);

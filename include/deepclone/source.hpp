@@ -493,7 +493,7 @@ class source_engine : private source_agreement_host, private source_pipeline_hos
     if (now < session_->next_poll) return;
     const auto room = clock::time_point::max() - now;  // an interval of nanoseconds::max() means "never"
     session_->next_poll = config_.poll_interval >= room ? clock::time_point::max()
-                                                          : now + std::chrono::duration_cast<clock::duration>(config_.poll_interval);
+                                                        : now + std::chrono::duration_cast<clock::duration>(config_.poll_interval);
     poll_session();
   }
 

@@ -324,11 +324,7 @@ TEST_CASE("relay chain: a corrupted forward is fetched again from a source, and 
 /// the settings by value and never copy a policy.
 struct move_only_window : dc::pipeline::window {
   static constexpr const char* name = "move_only_window";
-  std::unique_ptr<std::uint64_t> finals = std::make_unique<std::uint64_t>(0);
-  void layer_final(dc::pipeline::context& c, std::size_t l) {
-    ++*finals;
-    window::layer_final(c, l);
-  }
+  std::unique_ptr<std::uint64_t> owned = std::make_unique<std::uint64_t>(0);
 };
 static_assert(!std::is_copy_constructible_v<move_only_window>);
 
